@@ -1,0 +1,44 @@
+"""Entry-point plumbing shared by every script: one-line errors, exit codes, clean exits."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Callable, Sequence
+
+from accel_train.errors import AccelTrainError
+
+
+def _rank_prefix() -> str:
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    return f"[rank {os.environ.get('RANK', '0')}] " if world > 1 else ""
+
+
+def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None) -> None:
+    """Run ``main(argv)`` and exit: user errors print one line (exit 2), ``--debug`` shows tracebacks.
+
+    After a multi-process run the process leaves through ``os._exit`` so gloo's
+    threads cannot abort the interpreter's teardown (see ``runtime.finish_process``).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    try:
+        code = main(argv) or 0
+    except AccelTrainError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"{_rank_prefix()}error: {exc}", file=sys.stderr, flush=True)
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        print(f"{_rank_prefix()}interrupted", file=sys.stderr, flush=True)
+        code = 130
+    except Exception:
+        print(f"{_rank_prefix()}error: unexpected failure (traceback below)", file=sys.stderr, flush=True)
+        traceback.print_exc()
+        code = 1
+    from accel_train.runtime import finish_process, launched_world_size  # torch: only after main ran
+
+    if launched_world_size() > 1:
+        finish_process(code)
+    sys.exit(code)

@@ -1,0 +1,249 @@
+"""One typed training config: dataclass defaults < ``--config`` YAML < CLI flags.
+
+The parser is generated from the dataclass, so a field, its default, its
+help text and its YAML key are one thing. Launch topology (processes,
+machines, mixed precision) is NOT here: it belongs to the accelerate config
+file passed to ``accelerate launch``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Sequence
+
+from accel_train.errors import UserError
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+SCHEDULES = ("cosine", "constant", "linear", "step")
+REPORT_TO = ("tensorboard", "csv", "none", "all")
+MIXED_PRECISION = ("no", "fp16", "bf16")
+
+
+def _f(default: Any, help: str, **meta: Any) -> Any:
+    return field(default=default, metadata={"help": help, **meta})
+
+
+@dataclass
+class TrainConfig:
+    # what to train
+    model: str = _f("lenet", "model name: mnist_cnn, lenet, resnet18, tv_resnet18")
+    dataset: str = _f("digits", "dataset: digits, synthetic, mnist, fashion_mnist, cifar10, imagefolder:DIR, hf:NAME")
+    data_dir: str = _f("data", "root folder of on-disk datasets (torchvision layouts)")
+    download: bool = _f(False, "download mnist/fashion_mnist/cifar10 with torchvision if missing (needs network)")
+    image_size: int | None = _f(None, "resize images to this size (default: the dataset's own size)")
+    val_split: float = _f(0.2, "test fraction for sources without a test split")
+    image_column: str | None = _f(None, "image column of an hf: dataset (default: detected)")
+    label_column: str | None = _f(None, "label column of an hf: dataset (default: detected)")
+    augment: bool | None = _f(None, "data augmentation (default: the dataset's own: crop+flip for cifar10)")
+    # optimisation
+    epochs: int = _f(8, "number of epochs (ignored when --max-steps is set)")
+    max_steps: int | None = _f(None, "stop after this many optimizer steps (overrides --epochs)")
+    batch_size: int = _f(32, "micro-batch per process (the DDP convention)")
+    global_batch_size: int | None = _f(
+        None, "fix the optimizer batch across setups; micro-batch and accumulation are derived"
+    )
+    max_device_batch: int | None = _f(None, "with --global-batch-size: largest micro-batch one device takes")
+    grad_accum_steps: int = _f(1, "gradient accumulation steps (derived when --global-batch-size is set)")
+    scale_lr: bool = _f(False, "scale lr linearly: lr * global_batch / batch_size")
+    lr: float = _f(2e-3, "peak learning rate")
+    optimizer: str = _f("adam", "optimizer", choices=OPTIMIZERS)
+    momentum: float = _f(0.9, "SGD momentum")
+    weight_decay: float = _f(0.0, "weight decay")
+    lr_schedule: str = _f("cosine", "LR schedule over optimizer steps", choices=SCHEDULES)
+    warmup_steps: int = _f(0, "linear LR warm-up steps")
+    max_grad_norm: float = _f(1.0, "clip gradients to this norm (0 disables)")
+    mixed_precision: str | None = _f(
+        None, "override the accelerate config's mixed precision", choices=MIXED_PRECISION
+    )
+    seed: int = _f(42, "random seed (data order, init, dropout)")
+    # evaluation, logging, output
+    eval_every: int = _f(0, "also evaluate every N optimizer steps (0: only at epoch ends)")
+    eval_batch_size: int | None = _f(None, "evaluation batch per process (default: 2 x micro-batch)")
+    log_every: int = _f(10, "log train metrics every N optimizer steps (the only host syncs in the loop)")
+    output_dir: str = _f("runs/default", "run directory")
+    overwrite: bool = _f(False, "replace an existing run in --output-dir")
+    report_to: str = _f("tensorboard", "trackers besides metrics.jsonl", choices=REPORT_TO)
+    progress: bool = _f(True, "progress bars (plain lines when stdout is not a TTY)")
+    plots: bool = _f(True, "write curves.png at the end")
+    # checkpoints
+    checkpoint_every: int = _f(0, "save a resumable checkpoint every N optimizer steps (0: off)")
+    checkpoint_epochs: bool = _f(True, "save a resumable checkpoint at the end of every epoch")
+    keep_last: int = _f(2, "keep the newest K checkpoints")
+    resume: str = _f("none", "auto (latest in --output-dir), a checkpoint PATH, or none")
+    stop_at_step: int | None = _f(None, "save a checkpoint and exit at this step, as if preempted")
+    # performance
+    num_workers: int = _f(0, "DataLoader workers for datasets that are not held in memory")
+    threads: int | None = _f(None, "torch threads per process (default: cores / local processes)")
+    channels_last: bool = _f(False, "use channels_last memory format")
+    compile: bool = _f(False, "torch.compile the model (checkpoints stay unwrapped)")
+    # faults
+    dist_timeout: float = _f(600.0, "process-group timeout in seconds: a hung collective fails after this")
+    skip_nonfinite: bool = _f(False, "skip optimizer steps whose loss is NaN/Inf instead of stopping")
+    # synthetic dataset shape
+    synthetic_size: int = _f(2048, "synthetic: training samples")
+    synthetic_test_size: int = _f(512, "synthetic: test samples")
+    synthetic_channels: int = _f(1, "synthetic: channels")
+    synthetic_image_size: int = _f(28, "synthetic: image side")
+    synthetic_classes: int = _f(10, "synthetic: classes")
+    debug: bool = _f(False, "show tracebacks for errors")
+
+    def validate(self) -> "TrainConfig":
+        positive = ["epochs", "batch_size", "grad_accum_steps", "log_every", "keep_last", "synthetic_size",
+                    "synthetic_test_size", "synthetic_channels", "synthetic_image_size"]
+        optional_positive = ["max_steps", "global_batch_size", "max_device_batch", "eval_batch_size",
+                             "image_size", "stop_at_step", "threads"]
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise UserError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
+        for name in optional_positive:
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UserError(f"--{_flag(name)} must be >= 1 (or unset), got {value}")
+        for name in ["eval_every", "checkpoint_every", "num_workers", "warmup_steps", "weight_decay",
+                     "max_grad_norm", "momentum"]:
+            if getattr(self, name) < 0:
+                raise UserError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise UserError(f"--lr must be a positive number, got {self.lr}")
+        if not 0 < self.val_split < 1:
+            raise UserError(f"--val-split must be between 0 and 1, got {self.val_split}")
+        if self.synthetic_classes < 2:
+            raise UserError(f"--synthetic-classes must be >= 2, got {self.synthetic_classes}")
+        if self.dist_timeout <= 0:
+            raise UserError(f"--dist-timeout must be > 0 seconds, got {self.dist_timeout}")
+        for name in ("optimizer", "lr_schedule", "report_to", "mixed_precision"):
+            choices = _choices(name)
+            value = getattr(self, name)
+            if value is not None and value not in choices:
+                raise UserError(f"--{_flag(name)} {value!r} is not one of: {', '.join(choices)}")
+        if self.max_device_batch is not None and self.global_batch_size is None:
+            raise UserError("--max-device-batch only applies with --global-batch-size G; set G or drop it")
+        if self.global_batch_size is not None and self.grad_accum_steps != 1:
+            raise UserError("--grad-accum-steps is derived when --global-batch-size is set; drop one of the two")
+        if self.resume not in ("auto", "none") and not Path(self.resume).exists():
+            raise UserError(f"--resume {self.resume!r}: no such checkpoint; use 'auto', 'none' or an existing path")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def data_config(self):
+        from accel_train.data.base import DataConfig
+
+        names = {f.name for f in fields(DataConfig)}
+        return DataConfig(**{k: v for k, v in self.to_dict().items() if k in names})
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _choices(name: str) -> tuple[str, ...]:
+    return next(f.metadata["choices"] for f in fields(TrainConfig) if f.name == name)
+
+
+def _field_type(f: dataclasses.Field) -> type:
+    text = str(f.type)
+    for typ in (bool, int, float, str):
+        if typ.__name__ in text.split(" | ")[0]:
+            return typ
+    raise AssertionError(f"unsupported field type {text}")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports mistakes as one-line UserErrors (exit code 2)."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        raise UserError(f"{message} (see --help)")
+
+
+def build_parser(description: str | None = None) -> argparse.ArgumentParser:
+    parser = _Parser(
+        description=description or "Train a model with one Accelerate loop on any setup.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        argument_default=argparse.SUPPRESS,  # only flags the user gave end up in the namespace
+    )
+    parser.add_argument("--config", help="YAML file of hyperparameters; flags override it")
+    for f in fields(TrainConfig):
+        typ = _field_type(f)
+        kwargs: dict[str, Any] = {"help": f"{f.metadata['help']} (default: {f.default})"}
+        if typ is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = typ
+            kwargs["metavar"] = f.name.upper()
+        if "choices" in f.metadata:
+            kwargs["choices"] = f.metadata["choices"]
+        parser.add_argument(f"--{_flag(f.name)}", dest=f.name, **kwargs)
+    return parser
+
+
+def load_yaml_config(path: str | Path) -> dict[str, Any]:
+    """Read a hyperparameter YAML, rejecting unknown keys and YAML-1.1 traps."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"--config {str(path)!r}: file not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise UserError(f"--config {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"--config {path}: expected a mapping of key: value, got {type(data).__name__}")
+    known = {f.name: f for f in fields(TrainConfig)}
+    out: dict[str, Any] = {}
+    for raw_key, value in data.items():
+        key = str(raw_key).replace("-", "_")
+        if key not in known:
+            close = difflib.get_close_matches(key, list(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise UserError(f"--config {path}: unknown key {raw_key!r}{hint}")
+        out[key] = _coerce(path, key, value, known[key])
+    return out
+
+
+def _coerce(path: Path, key: str, value: Any, f: dataclasses.Field) -> Any:
+    typ = _field_type(f)
+    optional = "None" in str(f.type)
+    if value is None:
+        if optional:
+            return None
+        raise UserError(f"--config {path}: {key} needs a value")
+    if typ is str and isinstance(value, (bool, int, float)):
+        # YAML 1.1 turns no/NO/off/yes into booleans and 0 into an int.
+        raise UserError(f"--config {path}: {key} was read as {value!r}; quote it, e.g. {key}: 'no'")
+    if typ is bool and not isinstance(value, bool):
+        raise UserError(f"--config {path}: {key} must be true or false, got {value!r}")
+    if typ in (int, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise UserError(f"--config {path}: {key} must be a number, got {value!r}")
+    if typ is int and isinstance(value, float):
+        if not value.is_integer():
+            raise UserError(f"--config {path}: {key} must be an integer, got {value!r}")
+        value = int(value)
+    return typ(value)
+
+
+def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
+    """defaults < --config YAML < CLI flags, validated."""
+    ns = vars(build_parser().parse_args(argv))
+    values: dict[str, Any] = {}
+    config_file = ns.pop("config", None)
+    if config_file:
+        values.update(load_yaml_config(config_file))
+    values.update(ns)
+    return TrainConfig(**values).validate()
+
+
+def save_config(cfg: TrainConfig, path: str | Path, extra: dict[str, Any] | None = None) -> None:
+    import yaml
+
+    data = cfg.to_dict()
+    if extra:
+        data = {**data, "resolved": extra}
+    Path(path).write_text(yaml.safe_dump(data, sort_keys=False))

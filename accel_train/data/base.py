@@ -1,0 +1,120 @@
+"""The one contract every dataset honours.
+
+Every builder returns :class:`DataSplits`. Samples are ``(image, label)`` with
+``image`` a ``uint8`` tensor shaped ``[C, H, W]`` (already at ``info.image_size``)
+and ``label`` an ``int``. Batches are ``(uint8 [B, C, H, W], int64 [B])``.
+Conversion to float and normalisation happen once per batch on the training
+device (:class:`accel_train.data.pipeline.BatchNormalizer`), never per sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+from torch.utils.data import Dataset
+
+
+@dataclass
+class DataConfig:
+    """The slice of the training config that dataset builders read."""
+
+    dataset: str = "digits"
+    data_dir: str = "data"
+    download: bool = False
+    image_size: int | None = None  # None: the dataset's natural size
+    seed: int = 42
+    val_split: float = 0.2  # used when a source has no test split
+    image_column: str | None = None
+    label_column: str | None = None
+    augment: bool | None = None  # None: the dataset's default
+    # synthetic only
+    synthetic_size: int = 2048
+    synthetic_test_size: int = 512
+    synthetic_channels: int = 1
+    synthetic_image_size: int = 28
+    synthetic_classes: int = 10
+
+
+@dataclass
+class DatasetInfo:
+    name: str
+    num_classes: int
+    in_channels: int
+    image_size: int
+    class_names: list[str]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+@dataclass
+class DataSplits:
+    train: Dataset
+    test: Dataset
+    info: DatasetInfo
+    in_memory: bool = True
+    extra: dict = field(default_factory=dict)
+
+
+class TensorImageDataset(Dataset):
+    """A whole split held as one ``uint8`` tensor.
+
+    ``__getitems__`` lets the DataLoader fetch a batch with one indexing op
+    instead of ``batch_size`` Python calls (airbench-style), while the sampler
+    and Accelerate's sharding keep working unchanged.
+    ``transform`` (optional) is applied per sample on uint8 tensors, for
+    augmentations whose parameters must differ between samples.
+    """
+
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ):
+        if images.dtype != torch.uint8 or images.dim() != 4:
+            raise ValueError(f"images must be uint8 [N, C, H, W], got {images.dtype} {tuple(images.shape)}")
+        if len(images) != len(labels):
+            raise ValueError(f"{len(images)} images but {len(labels)} labels")
+        self.images = images.contiguous()
+        self.labels = labels.to(torch.int64)
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int):
+        image = self.images[index]
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, int(self.labels[index])
+
+    def __getitems__(self, indices: Sequence[int]):
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        images = self.images.index_select(0, idx)
+        if self.transform is not None:
+            images = torch.stack([self.transform(img) for img in images])
+        return images, self.labels.index_select(0, idx)
+
+
+def collate_batch(batch):
+    """Collate for both per-sample lists and batches pre-built by ``__getitems__``."""
+    if isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[0], torch.Tensor) and batch[0].dim() == 4:
+        return batch
+    images = torch.stack([torch.as_tensor(img) for img, _ in batch])
+    labels = torch.tensor([int(lbl) for _, lbl in batch], dtype=torch.int64)
+    return images, labels
+
+
+def stratified_split(labels: torch.Tensor, test_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Deterministic stratified split: returns (train_idx, test_idx), both sorted."""
+    gen = torch.Generator().manual_seed(seed)
+    train_idx, test_idx = [], []
+    for cls in torch.unique(labels).tolist():
+        members = torch.nonzero(labels == cls, as_tuple=False).flatten()
+        members = members[torch.randperm(len(members), generator=gen)]
+        n_test = int(round(len(members) * test_fraction))
+        test_idx.append(members[:n_test])
+        train_idx.append(members[n_test:])
+    return torch.cat(train_idx).sort().values, torch.cat(test_idx).sort().values

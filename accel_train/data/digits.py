@@ -1,0 +1,60 @@
+"""``digits``: scikit-learn's bundled 1,797 8x8 handwritten digits (no network).
+
+Held as a ``datasets.Dataset`` with a fixed stratified split, then decoded
+once into uint8 tensors resized to MNIST's 28x28 so every model takes it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from accel_train.data.base import DataConfig, DataSplits, DatasetInfo, TensorImageDataset
+
+DIGITS_TEST_FRACTION = 0.2
+DIGITS_SPLIT_SEED = 0  # fixed: the split never depends on the training seed
+DEFAULT_IMAGE_SIZE = 28
+
+
+def load_digits_dataset():
+    """The raw data as a ``datasets.DatasetDict`` with ``train``/``test`` splits."""
+    import datasets
+    from sklearn.datasets import load_digits
+
+    raw = load_digits()
+    images = np.round(raw.images * (255.0 / 16.0)).astype(np.uint8)  # 0..16 -> 0..255
+    names = [str(i) for i in range(10)]
+    features = datasets.Features(
+        {"image": datasets.Array2D(shape=(8, 8), dtype="uint8"), "label": datasets.ClassLabel(names=names)}
+    )
+    ds = datasets.Dataset.from_dict({"image": images, "label": raw.target.astype(np.int64)}, features=features)
+    return ds.train_test_split(
+        test_size=DIGITS_TEST_FRACTION, stratify_by_column="label", seed=DIGITS_SPLIT_SEED
+    )
+
+
+def _to_tensor(split, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    cols = split.with_format("torch")[:]  # one columnar read: {"image": [N, 8, 8], "label": [N]}
+    images = cols["image"].unsqueeze(1).float()  # [N, 1, 8, 8]
+    if size != images.shape[-1]:
+        images = F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
+    return images.round().clamp(0, 255).to(torch.uint8), cols["label"].long()
+
+
+def build_digits(cfg: DataConfig) -> DataSplits:
+    size = cfg.image_size or DEFAULT_IMAGE_SIZE
+    dd = load_digits_dataset()
+    x_train, y_train = _to_tensor(dd["train"], size)
+    x_test, y_test = _to_tensor(dd["test"], size)
+    scaled = x_train.float() / 255.0
+    info = DatasetInfo(
+        name="digits",
+        num_classes=10,
+        in_channels=1,
+        image_size=size,
+        class_names=dd["train"].features["label"].names,
+        mean=(round(scaled.mean().item(), 4),),
+        std=(round(scaled.std().item(), 4),),
+    )
+    return DataSplits(TensorImageDataset(x_train, y_train), TensorImageDataset(x_test, y_test), info)

@@ -1,0 +1,142 @@
+"""From a dataset to batches on the training device.
+
+* :func:`plan_batches` turns "global batch G on W processes" into a micro-batch
+  and accumulation steps, so every setup takes the same optimizer steps on
+  the same global batches.
+* :class:`EpochSampler` draws the permutation from ``(seed, epoch)`` only and
+  truncates each epoch to whole global batches; Accelerate shards its batches
+  across processes, so 1 process x 32 and 2 processes x 16 see identical
+  global batches.
+* :class:`BatchNormalizer` turns uint8 batches into normalised floats on the
+  device, once per batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Sampler
+
+from accel_train.data.base import collate_batch
+from accel_train.errors import UserError
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    global_batch: int
+    micro_batch: int
+    accum_steps: int
+    world_size: int
+
+    def describe(self) -> str:
+        return (
+            f"global batch {self.global_batch} = {self.micro_batch} per device x {self.accum_steps} accumulation "
+            f"step(s) x {self.world_size} process(es)"
+        )
+
+
+def plan_batches(
+    world_size: int,
+    batch_size: int,
+    grad_accum_steps: int = 1,
+    global_batch_size: int | None = None,
+    max_device_batch: int | None = None,
+) -> BatchPlan:
+    if global_batch_size is None:
+        return BatchPlan(batch_size * world_size * grad_accum_steps, batch_size, grad_accum_steps, world_size)
+    if global_batch_size % world_size:
+        raise UserError(
+            f"--global-batch-size {global_batch_size} is not divisible by the {world_size} processes; "
+            f"use a multiple of {world_size}"
+        )
+    per_process = global_batch_size // world_size
+    cap = min(max_device_batch or per_process, per_process)
+    accum = math.ceil(per_process / cap)
+    while per_process % accum:  # smallest accumulation whose micro-batch divides evenly
+        accum += 1
+    return BatchPlan(global_batch_size, per_process // accum, accum, world_size)
+
+
+class EpochSampler(Sampler[int]):
+    """Global sample order, a function of ``(seed, epoch)`` alone.
+
+    ``shuffle=False`` keeps dataset order (evaluation). ``multiple_of`` drops
+    the tail so every epoch holds whole global batches; the LR schedule and
+    the data order then do not depend on the number of processes.
+    """
+
+    def __init__(self, num_samples: int, seed: int = 0, shuffle: bool = True, multiple_of: int = 1):
+        self.num_samples = num_samples
+        self.seed = seed
+        self.shuffle = shuffle
+        self.length = (num_samples // multiple_of) * multiple_of
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self):
+        if self.shuffle:
+            gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+            order = torch.randperm(self.num_samples, generator=gen)
+        else:
+            order = torch.arange(self.num_samples)
+        return iter(order[: self.length].tolist())
+
+
+def make_loader(
+    dataset,
+    batch_size: int,
+    *,
+    shuffle: bool,
+    seed: int,
+    drop_to_multiple_of: int = 1,
+    num_workers: int = 0,
+    pin_memory: bool = False,
+) -> DataLoader:
+    """A DataLoader whose own generator keeps iterator creation off the global RNG.
+
+    (A plain DataLoader draws its base seed from the global RNG each epoch,
+    which would shift dropout after a mid-epoch resume.)
+    """
+    if len(dataset) < drop_to_multiple_of:
+        raise UserError(
+            f"the training split has {len(dataset)} samples, fewer than one global batch of "
+            f"{drop_to_multiple_of}; lower the batch size"
+        )
+    sampler = EpochSampler(len(dataset), seed=seed, shuffle=shuffle, multiple_of=drop_to_multiple_of)
+    workers = dict(persistent_workers=True, prefetch_factor=4) if num_workers > 0 else {}
+    return DataLoader(
+        dataset,
+        batch_sampler=BatchSampler(sampler, batch_size, drop_last=shuffle),
+        collate_fn=collate_batch,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        generator=torch.Generator().manual_seed(seed),
+        **workers,
+    )
+
+
+class BatchNormalizer:
+    """uint8 ``[B, C, H, W]`` -> normalised float on the batch's device."""
+
+    def __init__(self, mean, std, channels_last: bool = False):
+        self.mean = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
+        self.std = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self._cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        dev = images.device
+        if dev not in self._cache:
+            # fold /255 into the affine map: x * scale + shift
+            scale = 1.0 / (255.0 * self.std)
+            self._cache[dev] = (scale.to(dev), (-self.mean / self.std).to(dev))
+        scale, shift = self._cache[dev]
+        out = torch.addcmul(shift, images.to(torch.float32), scale)
+        return out.contiguous(memory_format=self.memory_format)

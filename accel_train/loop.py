@@ -1,0 +1,442 @@
+"""The training loop: ``train_one_epoch``, ``evaluate`` and the ``fit`` that drives them.
+
+Written once against ``accelerate.Accelerator``; the launcher and its config
+decide whether it runs on one CPU, one GPU, DataParallel, DDP or many machines.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from accel_train.checkpoint.state import (
+    CHECKPOINT_DIR,
+    TrainState,
+    install_unwrapped_weight_hooks,
+    load_checkpoint,
+    resolve_resume,
+    save_checkpoint,
+)
+from accel_train.config import TrainConfig, save_config
+from accel_train.data import build_dataset
+from accel_train.data.pipeline import BatchNormalizer, BatchPlan, make_loader, plan_batches
+from accel_train.errors import NonFiniteLossError, UserError
+from accel_train.metrics import confusion_matrix, load_metric
+from accel_train.models import create_model
+from accel_train.runtime import Runtime, build_runtime
+from accel_train.schedule import ScheduleFn
+from accel_train.tracking import RunLogger, trackers_for
+
+RUN_MARKERS = ("config.yaml", "metrics.jsonl", "summary.json", CHECKPOINT_DIR)
+WARMUP_STEPS_EXCLUDED = 5  # steady-state throughput ignores the first steps (allocation, caches)
+
+
+@dataclass
+class StepTimer:
+    """Host-side time split: waiting for data vs everything else (no device syncs)."""
+
+    data_wait: float = 0.0
+    total: float = 0.0
+    samples: int = 0
+    start: float | None = None
+
+    def fraction(self) -> float:
+        return self.data_wait / self.total if self.total > 0 else 0.0
+
+
+@dataclass
+class Context:
+    """What the loop functions need; built once by ``fit``."""
+
+    cfg: TrainConfig
+    rt: Runtime
+    model: nn.Module
+    optimizer: Any
+    scheduler: Any
+    train_dl: Any
+    eval_dl: Any
+    normalizer: BatchNormalizer
+    plan: BatchPlan
+    total_steps: int
+    steps_per_epoch: int
+    num_classes: int
+    logger: RunLogger
+    meta: dict[str, Any]
+    metric: Any
+    timer: StepTimer = field(default_factory=StepTimer)
+    stop_signal: int | None = None
+
+
+class StopTraining(Exception):
+    """Raised inside the epoch loop to stop at a step boundary (stop-at-step, SIGTERM/SIGINT)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def build_optimizer(cfg: TrainConfig, model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
+
+
+def evaluate(ctx: Context, with_confusion: bool = False) -> dict[str, Any]:
+    """Exact evaluation: ``gather_for_metrics`` drops the samples padded for even sharding."""
+    acc, model, metric = ctx.rt.accelerator, ctx.model, ctx.metric
+    model.eval()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=acc.device)
+    preds_all, refs_all = [], []
+    with torch.no_grad():
+        for images, labels in ctx.eval_dl:
+            with acc.autocast():
+                logits = model(ctx.normalizer(images))
+            losses = F.cross_entropy(logits.float(), labels, reduction="none")
+            preds = logits.argmax(dim=1)
+            preds, labels, losses = acc.gather_for_metrics((preds, labels, losses))
+            loss_sum += losses.double().sum()
+            preds_all.append(preds.cpu())
+            refs_all.append(labels.cpu())
+    model.train()
+    preds, refs = torch.cat(preds_all), torch.cat(refs_all)
+    metric.add_batch(predictions=preds.tolist(), references=refs.tolist())
+    n = len(refs)
+    out: dict[str, Any] = {
+        "eval_loss": loss_sum.item() / max(n, 1),
+        "eval_accuracy": metric.compute()["accuracy"],
+        "eval_samples": n,
+    }
+    if with_confusion:
+        out["confusion"] = confusion_matrix(preds, refs, ctx.num_classes)
+    return out
+
+
+def _checkpoint(ctx: Context, state: TrainState) -> Path:
+    path = save_checkpoint(ctx.rt.accelerator, ctx.cfg.output_dir, state, ctx.meta, ctx.cfg.keep_last)
+    ctx.logger.event("checkpoint", state.global_step, state.epoch, path=str(path))
+    return path
+
+
+def _stop_requested(ctx: Context, state: TrainState) -> str | None:
+    """Agree across ranks on whether to stop now (a signal may reach only some ranks)."""
+    acc = ctx.rt.accelerator
+    if ctx.cfg.stop_at_step is not None and state.global_step >= ctx.cfg.stop_at_step:
+        return f"--stop-at-step {ctx.cfg.stop_at_step}"
+    flag = ctx.stop_signal or 0
+    if acc.num_processes > 1:
+        flag = int(acc.reduce(torch.tensor([flag], device=acc.device), reduction="max").item())
+    return f"received {signal.Signals(flag).name}" if flag else None
+
+
+def train_one_epoch(ctx: Context, state: TrainState) -> dict[str, float]:
+    """Train until the epoch ends or ``total_steps`` is reached; returns the epoch's train metrics."""
+    cfg, acc, model, plan = ctx.cfg, ctx.rt.accelerator, ctx.model, ctx.plan
+    ctx.train_dl.set_epoch(state.epoch)
+    loader = ctx.train_dl
+    if state.step_in_epoch:  # mid-epoch resume: skip what this epoch already consumed
+        loader = acc.skip_first_batches(ctx.train_dl, state.step_in_epoch * plan.accum_steps)
+        loader.set_epoch(state.epoch)
+    model.train()
+    dev = acc.device
+    loss_sum = torch.zeros((), device=dev)
+    correct = torch.zeros((), device=dev, dtype=torch.long)
+    seen = torch.zeros((), device=dev, dtype=torch.long)
+    window_bad = torch.zeros((), device=dev)
+    epoch_loss, epoch_correct, epoch_seen = 0.0, 0, 0
+    last_log_t, last_log_samples = time.perf_counter(), state.samples_seen
+    timer = ctx.timer
+    t_prev = time.perf_counter()
+
+    def account(t_data: float, optimizer_step: bool) -> None:
+        nonlocal t_prev
+        now = time.perf_counter()
+        if state.global_step >= WARMUP_STEPS_EXCLUDED:  # steady state only
+            timer.data_wait += t_data - t_prev
+            timer.total += now - t_prev
+            timer.samples += plan.global_batch if optimizer_step else 0
+        t_prev = now
+
+    for images, labels in loader:
+        t_data = time.perf_counter()
+        with acc.accumulate(model):
+            logits = model(ctx.normalizer(images))
+            loss = F.cross_entropy(logits.float(), labels)
+            acc.backward(loss)
+            skip = False
+            if cfg.skip_nonfinite:
+                window_bad += (~torch.isfinite(loss.detach())).float()
+                if acc.sync_gradients:
+                    skip = acc.reduce(window_bad, reduction="sum").item() > 0
+                    window_bad.zero_()
+            if acc.sync_gradients and cfg.max_grad_norm > 0 and not skip:
+                acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            if not skip:
+                ctx.optimizer.step()
+            ctx.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            loss_sum += loss.detach() * labels.shape[0]
+            correct += (logits.detach().argmax(dim=1) == labels).sum()
+            seen += labels.shape[0]
+        if not acc.sync_gradients:
+            account(t_data, optimizer_step=False)
+            continue
+        # ---- one optimizer step done ----
+        if skip:
+            state.nonfinite_skipped += 1
+        elif not acc.optimizer_step_was_skipped:
+            ctx.scheduler.step()
+        state.global_step += 1
+        state.step_in_epoch += 1
+        state.samples_seen += plan.global_batch
+        ctx.logger.advance()
+        if cfg.log_every and state.global_step % cfg.log_every == 0:
+            tot = acc.reduce(torch.stack([loss_sum.float(), correct.float(), seen.float()]), reduction="sum")
+            tot_loss, tot_correct, tot_seen = tot.tolist()
+            if not math.isfinite(tot_loss):
+                raise NonFiniteLossError(
+                    f"training loss became {tot_loss} by step {state.global_step}; stopping. The last good "
+                    f"checkpoint in {Path(cfg.output_dir) / CHECKPOINT_DIR} is kept. Lower --lr, keep "
+                    "--max-grad-norm on, or pass --skip-nonfinite to skip such steps"
+                )
+            now = time.perf_counter()
+            rate = (state.samples_seen - last_log_samples) / max(now - last_log_t, 1e-9)
+            last_log_t, last_log_samples = now, state.samples_seen
+            ctx.logger.log("train", state.global_step, state.epoch, {
+                "loss": tot_loss / max(tot_seen, 1),
+                "accuracy": tot_correct / max(tot_seen, 1),
+                "lr": ctx.scheduler.get_last_lr()[0],
+                "samples_per_s": rate,
+            })
+            epoch_loss, epoch_correct, epoch_seen = epoch_loss + tot_loss, epoch_correct + tot_correct, epoch_seen + tot_seen
+            loss_sum.zero_(), correct.zero_(), seen.zero_()
+        if cfg.eval_every and state.global_step % cfg.eval_every == 0:
+            _log_eval(ctx, state, evaluate(ctx))
+        if cfg.checkpoint_every and state.global_step % cfg.checkpoint_every == 0:
+            _checkpoint(ctx, state)
+        reason = _stop_requested(ctx, state)
+        account(t_data, optimizer_step=True)
+        if reason:
+            raise StopTraining(reason)
+        if state.global_step >= ctx.total_steps:
+            break
+    tot = acc.reduce(torch.stack([loss_sum.float(), correct.float(), seen.float()]), reduction="sum").tolist()
+    epoch_loss, epoch_correct, epoch_seen = epoch_loss + tot[0], epoch_correct + tot[1], epoch_seen + tot[2]
+    return {"train_loss": epoch_loss / max(epoch_seen, 1), "train_accuracy": epoch_correct / max(epoch_seen, 1)}
+
+
+def _log_eval(ctx: Context, state: TrainState, result: dict[str, Any]) -> None:
+    values = {k: v for k, v in result.items() if k != "confusion"}
+    ctx.logger.log("eval", state.global_step, state.epoch, values)
+    if state.best_metric is None or result["eval_accuracy"] > state.best_metric:
+        state.best_metric, state.best_step = result["eval_accuracy"], state.global_step
+        export_model(ctx, Path(ctx.cfg.output_dir) / "best")
+
+
+def export_model(ctx: Context, out_dir: Path) -> None:
+    """Unwrapped safetensors + config.json (main process writes; every rank must call)."""
+    from accel_train.checkpoint.weights import export_weights
+
+    state_dict = ctx.rt.accelerator.get_state_dict(ctx.model)  # collective under FSDP/DeepSpeed
+    if ctx.rt.is_main:
+        export_weights(state_dict, out_dir, ctx.meta["model_config"])
+
+
+def prepare_output_dir(cfg: TrainConfig, rt: Runtime) -> None:
+    """Refuse to mix two runs in one folder unless --resume or --overwrite says so."""
+    out = Path(cfg.output_dir)
+    existing = [m for m in RUN_MARKERS if (out / m).exists()]
+    if existing and cfg.resume == "none" and not cfg.overwrite:
+        raise UserError(
+            f"--output-dir {out} already holds a run ({', '.join(existing)}); pass --resume auto to continue it, "
+            "--overwrite to replace it, or choose another --output-dir"
+        )
+    if rt.is_main:
+        if existing and cfg.overwrite and cfg.resume == "none":
+            for name in RUN_MARKERS + ("model", "best", "summary.json", "curves.png", "metrics.csv"):
+                target = out / name
+                if target.is_dir():
+                    shutil.rmtree(target)
+                elif target.exists():
+                    target.unlink()
+            for events in out.glob("events.out.tfevents.*"):
+                events.unlink()
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            probe = out / ".write_test"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            raise UserError(f"--output-dir {out} is not writable ({exc.strerror}); choose another folder") from None
+    rt.accelerator.wait_for_everyone()
+
+
+def fit(cfg: TrainConfig) -> dict[str, Any]:
+    """Train, evaluate, checkpoint and export according to ``cfg``; returns the summary."""
+    t_launch = time.perf_counter()
+    rt = build_runtime(cfg, log_with=trackers_for(cfg.report_to, cfg.output_dir) or None)
+    acc = rt.accelerator
+    prepare_output_dir(cfg, rt)
+    resume_path = resolve_resume(cfg.resume, cfg.output_dir)
+
+    with acc.main_process_first():  # downloads and caches happen once
+        splits = build_dataset(cfg.data_config())
+        metric = load_metric("accuracy")
+    info = splits.info
+    plan = plan_batches(acc.num_processes, cfg.batch_size, cfg.grad_accum_steps, cfg.global_batch_size,
+                        cfg.max_device_batch)
+    acc.gradient_accumulation_steps = plan.accum_steps
+    lr = cfg.lr * plan.global_batch / cfg.batch_size if cfg.scale_lr else cfg.lr
+
+    torch.manual_seed(cfg.seed)  # identical init on every rank and setup
+    from accelerate.utils import set_seed
+
+    set_seed(cfg.seed)
+    model = create_model(cfg.model, info.num_classes, info.in_channels, info.image_size)
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    model = rt.prepare_model(model)
+    if cfg.compile:
+        model = torch.compile(model)
+    optimizer = build_optimizer(cfg, model, lr)
+    pin = acc.device.type == "cuda"
+    train_dl = make_loader(splits.train, plan.micro_batch, shuffle=True, seed=cfg.seed,
+                           drop_to_multiple_of=plan.global_batch, num_workers=cfg.num_workers, pin_memory=pin)
+    eval_dl = make_loader(splits.test, cfg.eval_batch_size or 2 * plan.micro_batch, shuffle=False, seed=cfg.seed,
+                          num_workers=cfg.num_workers, pin_memory=pin)
+    model, optimizer, train_dl, eval_dl = acc.prepare(model, optimizer, train_dl, eval_dl)
+
+    steps_per_epoch = len(train_dl) // plan.accum_steps
+    total_steps = cfg.max_steps or steps_per_epoch * cfg.epochs
+    epochs = math.ceil(total_steps / steps_per_epoch)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer.optimizer, ScheduleFn(total_steps, cfg.lr_schedule,
+                                                                                  cfg.warmup_steps))
+    acc.register_for_checkpointing(scheduler)
+    install_unwrapped_weight_hooks(acc)
+
+    model_config = {
+        "model": cfg.model, "num_classes": info.num_classes, "in_channels": info.in_channels,
+        "image_size": info.image_size, "mean": list(info.mean), "std": list(info.std),
+        "class_names": info.class_names, "dataset": cfg.dataset,
+    }
+    resolved = {"world_size": acc.num_processes, "distributed_type": acc.distributed_type.value,
+                "mixed_precision": acc.mixed_precision, "device": str(acc.device), "global_batch": plan.global_batch,
+                "micro_batch": plan.micro_batch, "accum_steps": plan.accum_steps, "lr": lr,
+                "total_steps": total_steps, "steps_per_epoch": steps_per_epoch}
+    meta = {"model_config": model_config, "config": cfg.to_dict(), "resolved": resolved}
+
+    state = TrainState()
+    if resume_path is not None:
+        state, progress = load_checkpoint(acc, resume_path)
+        acc.step = 0  # micro-step counter: re-aligned to the (maybe different) accumulation of this setup
+        old = progress.get("resolved", {})
+        if old.get("global_batch") not in (None, plan.global_batch):
+            rt.warn(f"resuming a run trained with global batch {old['global_batch']} at global batch "
+                    f"{plan.global_batch}: pass --global-batch-size {old['global_batch']} to continue it exactly")
+    if rt.is_main:
+        save_config(cfg, Path(cfg.output_dir) / "config.yaml", extra=resolved)
+    if cfg.report_to != "none":
+        acc.init_trackers("tb", config={k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool))})
+
+    logger = RunLogger(acc, cfg.output_dir, total_steps, state.global_step, cfg.progress, cfg.report_to != "none")
+    ctx = Context(cfg, rt, model, optimizer, scheduler, train_dl, eval_dl,
+                  BatchNormalizer(info.mean, info.std, cfg.channels_last), plan, total_steps, steps_per_epoch,
+                  info.num_classes, logger, meta, metric)
+    rt.print(
+        f"accel_train: {cfg.model} on {cfg.dataset} ({len(splits.train)} train / {len(splits.test)} test) | "
+        f"{acc.num_processes} process(es), {acc.distributed_type.value}, device {acc.device}, "
+        f"mixed precision {acc.mixed_precision}, {rt.threads} thread(s)/process\n"
+        f"accel_train: {plan.describe()}; lr {lr:g}; {total_steps} steps ({steps_per_epoch}/epoch)"
+        + (f"; resumed from {resume_path} at step {state.global_step}" if resume_path else "")
+    )
+    if resume_path is not None:
+        logger.event("resume", state.global_step, state.epoch, path=str(resume_path))
+
+    def on_signal(signum, frame):
+        ctx.stop_signal = signum
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    stopped = None
+    last_eval: dict[str, Any] | None = None
+    try:
+        while state.global_step < total_steps and state.epoch < epochs:
+            train_metrics = train_one_epoch(ctx, state)
+            if state.step_in_epoch >= steps_per_epoch:  # the epoch is complete
+                state.epoch += 1
+                state.step_in_epoch = 0
+                last_eval = evaluate(ctx)
+                _log_eval(ctx, state, last_eval)
+                logger.event("epoch", state.global_step, state.epoch, **train_metrics)
+                if cfg.checkpoint_epochs and state.global_step < total_steps:
+                    _checkpoint(ctx, state)
+    except StopTraining as stop:
+        stopped = stop.reason
+        _checkpoint(ctx, state)
+        logger.write(f"accel_train: stopped at step {state.global_step} ({stop.reason}); checkpoint saved, "
+                     f"continue with --resume auto")
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        logger.close()
+
+    if stopped:
+        summary = {"stopped": stopped, "global_step": state.global_step}
+        rt.end()
+        return summary
+
+    final = evaluate(ctx, with_confusion=True)
+    if last_eval is None or last_eval["eval_samples"] != final["eval_samples"] or \
+            last_eval["eval_accuracy"] != final["eval_accuracy"]:
+        _log_eval(ctx, state, final)
+    export_model(ctx, Path(cfg.output_dir) / "model")
+    timer = ctx.timer
+    steady = timer.samples / timer.total if timer.total > 0 else None
+    summary = {
+        "eval_accuracy": final["eval_accuracy"],
+        "eval_loss": final["eval_loss"],
+        "eval_samples": final["eval_samples"],
+        "global_step": state.global_step,
+        "epochs_completed": state.epoch,
+        "samples_seen": state.samples_seen,
+        "best_eval_accuracy": state.best_metric,
+        "best_step": state.best_step,
+        "nonfinite_skipped": state.nonfinite_skipped,
+        "world_size": acc.num_processes,
+        "distributed_type": acc.distributed_type.value,
+        "mixed_precision": acc.mixed_precision,
+        "device": str(acc.device),
+        "data_parallel": rt.data_parallel,
+        "global_batch": plan.global_batch,
+        "micro_batch": plan.micro_batch,
+        "accum_steps": plan.accum_steps,
+        "threads_per_process": rt.threads,
+        "wall_time_s": time.perf_counter() - t_launch,
+        "train_samples_per_s": steady,
+        "data_wait_fraction": timer.fraction(),
+    }
+    if rt.is_main:
+        out = Path(cfg.output_dir)
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        (out / "confusion.json").write_text(json.dumps({"class_names": info.class_names,
+                                                        "matrix": final["confusion"].tolist()}))
+        if cfg.plots:
+            from accel_train.plots import plot_confusion_matrix, plot_curves
+
+            plot_curves(out)
+            plot_confusion_matrix(final["confusion"].numpy(), info.class_names, out / "confusion.png")
+        rt.print(f"accel_train: eval_accuracy {summary['eval_accuracy']:.4f} | eval_loss {summary['eval_loss']:.4f} | "
+                 f"{state.global_step} steps in {summary['wall_time_s']:.1f}s | wrote {out}")
+    rt.end()
+    return summary

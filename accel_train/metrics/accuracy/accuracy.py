@@ -1,0 +1,36 @@
+"""Accuracy as a local `evaluate` module, loaded by path (no hub access).
+
+Keep ``import datasets`` and ``import evaluate`` on separate lines: evaluate's
+dependency scanner reads this file's imports line by line.
+"""
+
+import datasets
+import evaluate
+
+_DESCRIPTION = "Fraction of predictions equal to the references."
+_KWARGS_DESCRIPTION = """
+Args:
+    predictions (list of int): predicted labels.
+    references (list of int): true labels.
+Returns:
+    accuracy (float): correct / total.
+"""
+_CITATION = ""
+
+
+@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
+class Accuracy(evaluate.Metric):
+    def _info(self):
+        return evaluate.MetricInfo(
+            description=_DESCRIPTION,
+            citation=_CITATION,
+            inputs_description=_KWARGS_DESCRIPTION,
+            features=datasets.Features(
+                {"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}
+            ),
+        )
+
+    def _compute(self, predictions, references):
+        total = len(references)
+        correct = sum(int(p == r) for p, r in zip(predictions, references))
+        return {"accuracy": correct / total if total else 0.0}

@@ -1,0 +1,196 @@
+"""The one place that builds the ``Accelerator`` and knows about ranks and devices.
+
+It also owns what Accelerate does not do for us (measured with accelerate
+1.15 / torch 2.14):
+
+* a ``MULTI_CPU`` config without mpirun silently starts ONE process;
+* a ``MULTI_GPU`` config without CUDA starts N independent rank-0 copies
+  unless the process asks for CPU; under torchrun ``Accelerator(cpu=True)``
+  gives real gloo DDP, which is what ``multi_cpu.yaml`` relies on;
+* one process that sees several GPUs is never wrapped in ``nn.DataParallel``;
+* fp16 on CPU is silently ignored;
+* threads: N processes on one machine must share its cores.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn as nn
+
+from accel_train.errors import LaunchError
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+    from accel_train.config import TrainConfig
+
+log = logging.getLogger("accel_train")
+
+_MPI_WORLD_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+def launched_world_size(env: dict[str, str] | os._Environ = os.environ) -> int:
+    """How many processes the launcher actually started (1 when run plainly)."""
+    for var in ("WORLD_SIZE", *_MPI_WORLD_VARS):
+        if env.get(var):
+            return int(env[var])
+    return 1
+
+
+def check_launch(env: dict[str, str] | os._Environ = os.environ) -> None:
+    """Refuse the silent 'MULTI_CPU config started one process' trap.
+
+    accelerate's simple launcher (used for MULTI_CPU and use_cpu configs) sets
+    MASTER_ADDR/MASTER_PORT only when the config asked for more than one
+    process or machine; without mpirun it then starts a single, lonely process.
+    """
+    asked_for_many = env.get("ACCELERATE_USE_CPU") is not None and env.get("MASTER_PORT") is not None
+    if asked_for_many and launched_world_size(env) == 1:
+        raise LaunchError(
+            "the accelerate config asked for several CPU processes (distributed_type MULTI_CPU) but "
+            "accelerate started only one, because mpirun is not set up. Use "
+            "accelerate_configs/multi_cpu.yaml (torchrun-based gloo DDP), or set num_processes: 1"
+        )
+
+
+def wants_cpu_ranks(env: dict[str, str] | os._Environ = os.environ, cuda_available: bool | None = None) -> bool:
+    """Several torchrun ranks but no CUDA: they must join a gloo group on CPU.
+
+    Without this each rank would believe it is rank 0 and train alone.
+    """
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    return launched_world_size(env) > 1 and not cuda_available
+
+
+def gpus_hidden_on_purpose(env: dict[str, str] | os._Environ = os.environ) -> bool:
+    """``CUDA_VISIBLE_DEVICES`` empty or starting with a negative id (multi_cpu.yaml's '-1,-1')."""
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    return visible is not None and (visible.strip() == "" or visible.strip().startswith("-"))
+
+
+def should_use_data_parallel(distributed_type: str, device_type: str, cuda_device_count: int) -> bool:
+    """The DataParallel-like setup: ONE non-distributed process that sees several GPUs."""
+    return str(distributed_type).endswith("NO") and device_type == "cuda" and cuda_device_count > 1
+
+
+def wrap_data_parallel(model: nn.Module, cuda_device_count: int) -> nn.Module:
+    """Wrap in ``nn.DataParallel`` over every visible GPU (the seeds' recipe).
+
+    Visible devices are renumbered from 0 (``CUDA_VISIBLE_DEVICES``), so the
+    model on ``cuda:0`` is always ``device_ids[0]``; checkpoints are written
+    from the unwrapped module and never carry ``module.``.
+    """
+    return nn.DataParallel(model, device_ids=list(range(cuda_device_count)))
+
+
+def local_world_size(env: dict[str, str] | os._Environ = os.environ) -> int:
+    return int(env.get("LOCAL_WORLD_SIZE") or 1)
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def configure_threads(requested: int | None) -> int:
+    """Split the machine's cores between the processes that share it."""
+    threads = requested or max(1, available_cores() // local_world_size())
+    torch.set_num_threads(threads)
+    return threads
+
+
+@dataclass
+class Runtime:
+    accelerator: "Accelerator"
+    threads: int
+    data_parallel: bool = False
+
+    @property
+    def is_main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    @property
+    def world_size(self) -> int:
+        return self.accelerator.num_processes
+
+    def print(self, *args, **kwargs) -> None:
+        self.accelerator.print(*args, **kwargs)
+
+    def warn(self, message: str) -> None:
+        if self.accelerator.is_main_process:
+            print(f"warning: {message}", file=sys.stderr, flush=True)
+
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        """Wrap for DataParallel when needed, then ``accelerator.prepare`` it."""
+        acc = self.accelerator
+        if should_use_data_parallel(acc.distributed_type, acc.device.type, torch.cuda.device_count()):
+            # Wrapped before prepare so accelerate's autocast patches the wrapper's forward
+            # (DataParallel propagates autocast to its replica threads).
+            self.data_parallel = True
+            model = wrap_data_parallel(model.to(acc.device), torch.cuda.device_count())
+            self.print(
+                f"DataParallel: one process sees {torch.cuda.device_count()} GPUs; splitting each batch across "
+                "them (nn.DataParallel). Multi-process DDP (multi_gpu.yaml) is faster and preferred."
+            )
+        return model
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return self.accelerator.unwrap_model(model, keep_torch_compile=False)
+
+    def end(self) -> None:
+        """Barrier, finish trackers, destroy the process group (see also ``finish_process``)."""
+        self.accelerator.wait_for_everyone()
+        self.accelerator.end_training()
+
+
+def build_runtime(cfg: "TrainConfig", log_with: list | None = None) -> Runtime:
+    """Build THE Accelerator for this process from the launcher's environment and ``cfg``."""
+    from accelerate import Accelerator, DataLoaderConfiguration, InitProcessGroupKwargs
+    from accelerate.utils import ProjectConfiguration
+
+    check_launch()
+    cpu = wants_cpu_ranks()
+    threads = configure_threads(cfg.threads)
+    accelerator = Accelerator(
+        cpu=cpu,
+        mixed_precision=cfg.mixed_precision,
+        gradient_accumulation_steps=1,  # set by the loop once the batch plan is known
+        log_with=log_with,
+        project_config=ProjectConfiguration(project_dir=cfg.output_dir, logging_dir=cfg.output_dir),
+        # Our sampler shuffles from (seed, epoch); accelerate only shards its batches.
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=False, even_batches=True),
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.dist_timeout))],
+    )
+    runtime = Runtime(accelerator, threads)
+    if cpu and not gpus_hidden_on_purpose():
+        runtime.warn(
+            f"the accelerate config asked for {accelerator.num_processes} GPU processes but this machine has no "
+            "CUDA device; training with gloo DDP on CPU instead. Use accelerate_configs/multi_cpu.yaml to mean it."
+        )
+    if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
+        runtime.warn("fp16 mixed precision is ignored on CPU (accelerate trains in fp32); use bf16, which works on CPU")
+    return runtime
+
+
+def finish_process(exit_code: int = 0) -> None:
+    """Exit without running C++ static destructors after a distributed run.
+
+    gloo's worker threads can still be joinable when the interpreter tears down
+    its globals, and ``std::thread``'s destructor then calls ``std::terminate``
+    ("terminate called without an active exception", SIGABRT) AFTER training
+    succeeded. Everything we write is flushed and closed before this point.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(exit_code)

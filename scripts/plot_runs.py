@@ -1,0 +1,52 @@
+#!/usr/bin/env python
+"""Overlay the curves of several runs and print a comparison table.
+
+Usage::
+
+    python scripts/plot_runs.py runs/cpu runs/multi_cpu runs/bf16 --out runs_compare.png
+    python scripts/plot_runs.py runs/a runs/b --labels baseline,bigger-lr
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+# Run from a checkout without installing; accel_train is imported in main(), after this.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Overlay the curves of several runs and print a comparison table.")
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (with metrics.jsonl)")
+    parser.add_argument("--out", default="runs_compare.png", help="image to write (default: %(default)s)")
+    parser.add_argument("--labels", default=None, help="comma-separated legend labels, one per RUN_DIR")
+    parser.add_argument("--debug", action="store_true", help="show the traceback on errors")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from accel_train.errors import AccelTrainError, UserError
+    from accel_train.plots import compare_runs_table, plot_runs
+
+    args = parse_args(argv)
+    try:
+        labels = None
+        if args.labels is not None:
+            labels = [label.strip() for label in args.labels.split(",")]
+            if len(labels) != len(args.run_dirs):
+                raise UserError(f"--labels has {len(labels)} names for {len(args.run_dirs)} run directories")
+        out = plot_runs(args.run_dirs, args.out, labels=labels)
+        print(compare_runs_table(args.run_dirs, labels=labels))
+        print(f"wrote {out}")
+    except AccelTrainError as exc:
+        if args.debug:
+            raise
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
