@@ -12,10 +12,12 @@ import argparse
 import dataclasses
 import difflib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
+from accel_train.cli import ArgumentParser
 from accel_train.errors import UserError
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -57,9 +59,7 @@ class TrainConfig:
     lr_schedule: str = _f("cosine", "LR schedule over optimizer steps", choices=SCHEDULES)
     warmup_steps: int = _f(0, "linear LR warm-up steps")
     max_grad_norm: float = _f(1.0, "clip gradients to this norm (0 disables)")
-    mixed_precision: str | None = _f(
-        None, "override the accelerate config's mixed precision", choices=MIXED_PRECISION
-    )
+    mixed_precision: str | None = _f(None, "override the accelerate config's mixed precision", choices=MIXED_PRECISION)
     seed: int = _f(42, "random seed (data order, init, dropout)")
     # evaluation, logging, output
     eval_every: int = _f(0, "also evaluate every N optimizer steps (0: only at epoch ends)")
@@ -92,11 +92,27 @@ class TrainConfig:
     synthetic_classes: int = _f(10, "synthetic: classes")
     debug: bool = _f(False, "show tracebacks for errors")
 
-    def validate(self) -> "TrainConfig":
-        positive = ["epochs", "batch_size", "grad_accum_steps", "log_every", "keep_last", "synthetic_size",
-                    "synthetic_test_size", "synthetic_channels", "synthetic_image_size"]
-        optional_positive = ["max_steps", "global_batch_size", "max_device_batch", "eval_batch_size",
-                             "image_size", "stop_at_step", "threads"]
+    def validate(self) -> TrainConfig:
+        positive = [
+            "epochs",
+            "batch_size",
+            "grad_accum_steps",
+            "log_every",
+            "keep_last",
+            "synthetic_size",
+            "synthetic_test_size",
+            "synthetic_channels",
+            "synthetic_image_size",
+        ]
+        optional_positive = [
+            "max_steps",
+            "global_batch_size",
+            "max_device_batch",
+            "eval_batch_size",
+            "image_size",
+            "stop_at_step",
+            "threads",
+        ]
         for name in positive:
             if getattr(self, name) < 1:
                 raise UserError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
@@ -104,8 +120,15 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise UserError(f"--{_flag(name)} must be >= 1 (or unset), got {value}")
-        for name in ["eval_every", "checkpoint_every", "num_workers", "warmup_steps", "weight_decay",
-                     "max_grad_norm", "momentum"]:
+        for name in [
+            "eval_every",
+            "checkpoint_every",
+            "num_workers",
+            "warmup_steps",
+            "weight_decay",
+            "max_grad_norm",
+            "momentum",
+        ]:
             if getattr(self, name) < 0:
                 raise UserError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
@@ -155,15 +178,8 @@ def _field_type(f: dataclasses.Field) -> type:
     raise AssertionError(f"unsupported field type {text}")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports mistakes as one-line UserErrors (exit code 2)."""
-
-    def error(self, message: str):  # noqa: D401 - argparse API
-        raise UserError(f"{message} (see --help)")
-
-
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = ArgumentParser(
         description=description or "Train a model with one Accelerate loop on any setup.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         argument_default=argparse.SUPPRESS,  # only flags the user gave end up in the namespace

@@ -214,13 +214,22 @@ def train_one_epoch(ctx: Context, state: TrainState) -> dict[str, float]:
             now = time.perf_counter()
             rate = (state.samples_seen - last_log_samples) / max(now - last_log_t, 1e-9)
             last_log_t, last_log_samples = now, state.samples_seen
-            ctx.logger.log("train", state.global_step, state.epoch, {
-                "loss": tot_loss / max(tot_seen, 1),
-                "accuracy": tot_correct / max(tot_seen, 1),
-                "lr": ctx.scheduler.get_last_lr()[0],
-                "samples_per_s": rate,
-            })
-            epoch_loss, epoch_correct, epoch_seen = epoch_loss + tot_loss, epoch_correct + tot_correct, epoch_seen + tot_seen
+            ctx.logger.log(
+                "train",
+                state.global_step,
+                state.epoch,
+                {
+                    "loss": tot_loss / max(tot_seen, 1),
+                    "accuracy": tot_correct / max(tot_seen, 1),
+                    "lr": ctx.scheduler.get_last_lr()[0],
+                    "samples_per_s": rate,
+                },
+            )
+            epoch_loss, epoch_correct, epoch_seen = (
+                epoch_loss + tot_loss,
+                epoch_correct + tot_correct,
+                epoch_seen + tot_seen,
+            )
             loss_sum.zero_(), correct.zero_(), seen.zero_()
         if cfg.eval_every and state.global_step % cfg.eval_every == 0:
             _log_eval(ctx, state, evaluate(ctx))
@@ -295,8 +304,9 @@ def fit(cfg: TrainConfig) -> dict[str, Any]:
         splits = build_dataset(cfg.data_config())
         metric = load_metric("accuracy")
     info = splits.info
-    plan = plan_batches(acc.num_processes, cfg.batch_size, cfg.grad_accum_steps, cfg.global_batch_size,
-                        cfg.max_device_batch)
+    plan = plan_batches(
+        acc.num_processes, cfg.batch_size, cfg.grad_accum_steps, cfg.global_batch_size, cfg.max_device_batch
+    )
     acc.gradient_accumulation_steps = plan.accum_steps
     lr = cfg.lr * plan.global_batch / cfg.batch_size if cfg.scale_lr else cfg.lr
 
@@ -312,29 +322,56 @@ def fit(cfg: TrainConfig) -> dict[str, Any]:
         model = torch.compile(model)
     optimizer = build_optimizer(cfg, model, lr)
     pin = acc.device.type == "cuda"
-    train_dl = make_loader(splits.train, plan.micro_batch, shuffle=True, seed=cfg.seed,
-                           drop_to_multiple_of=plan.global_batch, num_workers=cfg.num_workers, pin_memory=pin)
-    eval_dl = make_loader(splits.test, cfg.eval_batch_size or 2 * plan.micro_batch, shuffle=False, seed=cfg.seed,
-                          num_workers=cfg.num_workers, pin_memory=pin)
+    train_dl = make_loader(
+        splits.train,
+        plan.micro_batch,
+        shuffle=True,
+        seed=cfg.seed,
+        drop_to_multiple_of=plan.global_batch,
+        num_workers=cfg.num_workers,
+        pin_memory=pin,
+    )
+    eval_dl = make_loader(
+        splits.test,
+        cfg.eval_batch_size or 2 * plan.micro_batch,
+        shuffle=False,
+        seed=cfg.seed,
+        num_workers=cfg.num_workers,
+        pin_memory=pin,
+    )
     model, optimizer, train_dl, eval_dl = acc.prepare(model, optimizer, train_dl, eval_dl)
 
     steps_per_epoch = len(train_dl) // plan.accum_steps
     total_steps = cfg.max_steps or steps_per_epoch * cfg.epochs
     epochs = math.ceil(total_steps / steps_per_epoch)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer.optimizer, ScheduleFn(total_steps, cfg.lr_schedule,
-                                                                                  cfg.warmup_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer.optimizer, ScheduleFn(total_steps, cfg.lr_schedule, cfg.warmup_steps)
+    )
     acc.register_for_checkpointing(scheduler)
     install_unwrapped_weight_hooks(acc)
 
     model_config = {
-        "model": cfg.model, "num_classes": info.num_classes, "in_channels": info.in_channels,
-        "image_size": info.image_size, "mean": list(info.mean), "std": list(info.std),
-        "class_names": info.class_names, "dataset": cfg.dataset,
+        "model": cfg.model,
+        "num_classes": info.num_classes,
+        "in_channels": info.in_channels,
+        "image_size": info.image_size,
+        "mean": list(info.mean),
+        "std": list(info.std),
+        "class_names": info.class_names,
+        "dataset": cfg.dataset,
     }
-    resolved = {"world_size": acc.num_processes, "distributed_type": acc.distributed_type.value,
-                "mixed_precision": acc.mixed_precision, "device": str(acc.device), "global_batch": plan.global_batch,
-                "micro_batch": plan.micro_batch, "accum_steps": plan.accum_steps, "lr": lr,
-                "total_steps": total_steps, "steps_per_epoch": steps_per_epoch}
+    resolved = {
+        "world_size": acc.num_processes,
+        "distributed_type": acc.distributed_type.value,
+        "mixed_precision": acc.mixed_precision,
+        "device": str(acc.device),
+        "global_batch": plan.global_batch,
+        "micro_batch": plan.micro_batch,
+        "accum_steps": plan.accum_steps,
+        "lr": lr,
+        "total_steps": total_steps,
+        "steps_per_epoch": steps_per_epoch,
+    }
     meta = {"model_config": model_config, "config": cfg.to_dict(), "resolved": resolved}
 
     state = TrainState()
@@ -343,17 +380,35 @@ def fit(cfg: TrainConfig) -> dict[str, Any]:
         acc.step = 0  # micro-step counter: re-aligned to the (maybe different) accumulation of this setup
         old = progress.get("resolved", {})
         if old.get("global_batch") not in (None, plan.global_batch):
-            rt.warn(f"resuming a run trained with global batch {old['global_batch']} at global batch "
-                    f"{plan.global_batch}: pass --global-batch-size {old['global_batch']} to continue it exactly")
+            rt.warn(
+                f"resuming a run trained with global batch {old['global_batch']} at global batch "
+                f"{plan.global_batch}: pass --global-batch-size {old['global_batch']} to continue it exactly"
+            )
     if rt.is_main:
         save_config(cfg, Path(cfg.output_dir) / "config.yaml", extra=resolved)
     if cfg.report_to != "none":
-        acc.init_trackers("tb", config={k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool))})
+        acc.init_trackers(
+            "tb", config={k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool))}
+        )
 
     logger = RunLogger(acc, cfg.output_dir, total_steps, state.global_step, cfg.progress, cfg.report_to != "none")
-    ctx = Context(cfg, rt, model, optimizer, scheduler, train_dl, eval_dl,
-                  BatchNormalizer(info.mean, info.std, cfg.channels_last), plan, total_steps, steps_per_epoch,
-                  info.num_classes, logger, meta, metric)
+    ctx = Context(
+        cfg,
+        rt,
+        model,
+        optimizer,
+        scheduler,
+        train_dl,
+        eval_dl,
+        BatchNormalizer(info.mean, info.std, cfg.channels_last),
+        plan,
+        total_steps,
+        steps_per_epoch,
+        info.num_classes,
+        logger,
+        meta,
+        metric,
+    )
     rt.print(
         f"accel_train: {cfg.model} on {cfg.dataset} ({len(splits.train)} train / {len(splits.test)} test) | "
         f"{acc.num_processes} process(es), {acc.distributed_type.value}, device {acc.device}, "
@@ -384,8 +439,10 @@ def fit(cfg: TrainConfig) -> dict[str, Any]:
     except StopTraining as stop:
         stopped = stop.reason
         _checkpoint(ctx, state)
-        logger.write(f"accel_train: stopped at step {state.global_step} ({stop.reason}); checkpoint saved, "
-                     f"continue with --resume auto")
+        logger.write(
+            f"accel_train: stopped at step {state.global_step} ({stop.reason}); checkpoint saved, "
+            f"continue with --resume auto"
+        )
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -397,8 +454,11 @@ def fit(cfg: TrainConfig) -> dict[str, Any]:
         return summary
 
     final = evaluate(ctx, with_confusion=True)
-    if last_eval is None or last_eval["eval_samples"] != final["eval_samples"] or \
-            last_eval["eval_accuracy"] != final["eval_accuracy"]:
+    if (
+        last_eval is None
+        or last_eval["eval_samples"] != final["eval_samples"]
+        or last_eval["eval_accuracy"] != final["eval_accuracy"]
+    ):
         _log_eval(ctx, state, final)
     export_model(ctx, Path(cfg.output_dir) / "model")
     timer = ctx.timer
@@ -429,14 +489,17 @@ def fit(cfg: TrainConfig) -> dict[str, Any]:
     if rt.is_main:
         out = Path(cfg.output_dir)
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        (out / "confusion.json").write_text(json.dumps({"class_names": info.class_names,
-                                                        "matrix": final["confusion"].tolist()}))
+        (out / "confusion.json").write_text(
+            json.dumps({"class_names": info.class_names, "matrix": final["confusion"].tolist()})
+        )
         if cfg.plots:
             from accel_train.plots import plot_confusion_matrix, plot_curves
 
             plot_curves(out)
             plot_confusion_matrix(final["confusion"].numpy(), info.class_names, out / "confusion.png")
-        rt.print(f"accel_train: eval_accuracy {summary['eval_accuracy']:.4f} | eval_loss {summary['eval_loss']:.4f} | "
-                 f"{state.global_step} steps in {summary['wall_time_s']:.1f}s | wrote {out}")
+        rt.print(
+            f"accel_train: eval_accuracy {summary['eval_accuracy']:.4f} | eval_loss {summary['eval_loss']:.4f} | "
+            f"{state.global_step} steps in {summary['wall_time_s']:.1f}s | wrote {out}"
+        )
     rt.end()
     return summary

@@ -111,7 +111,7 @@ def configure_threads(requested: int | None) -> int:
 
 @dataclass
 class Runtime:
-    accelerator: "Accelerator"
+    accelerator: Accelerator
     threads: int
     data_parallel: bool = False
 
@@ -153,7 +153,7 @@ class Runtime:
         self.accelerator.end_training()
 
 
-def build_runtime(cfg: "TrainConfig", log_with: list | None = None) -> Runtime:
+def build_runtime(cfg: TrainConfig, log_with: list | None = None) -> Runtime:
     """Build THE Accelerator for this process from the launcher's environment and ``cfg``."""
     from accelerate import Accelerator, DataLoaderConfiguration, InitProcessGroupKwargs
     from accelerate.utils import ProjectConfiguration

@@ -64,8 +64,9 @@ def trackers_for(report_to: str, output_dir: str) -> list:
 class RunLogger:
     """metrics.jsonl + trackers + progress bar / plain lines, main process only."""
 
-    def __init__(self, accelerator, output_dir: str | Path, total_steps: int, start_step: int, progress: bool,
-                 use_trackers: bool):
+    def __init__(
+        self, accelerator, output_dir: str | Path, total_steps: int, start_step: int, progress: bool, use_trackers: bool
+    ):
         self.accelerator = accelerator
         self.is_main = accelerator.is_main_process
         self.path = Path(output_dir) / "metrics.jsonl"
@@ -76,8 +77,14 @@ class RunLogger:
         if self.interactive:
             from accelerate.utils import tqdm
 
-            self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
-                            main_process_only=True)
+            self.bar = tqdm(
+                total=total_steps,
+                initial=start_step,
+                desc="train",
+                unit="step",
+                dynamic_ncols=True,
+                main_process_only=True,
+            )
         self._t0 = time.perf_counter()
 
     def event(self, event: str, step: int, epoch: int, **values: Any) -> None:
@@ -97,8 +104,10 @@ class RunLogger:
             return
         if self.bar is not None and event == "train":
             self.bar.set_postfix(
-                loss=f"{values['loss']:.4f}", acc=f"{values['accuracy']:.3f}",
-                samples_s=f"{values['samples_per_s']:.0f}", refresh=False,
+                loss=f"{values['loss']:.4f}",
+                acc=f"{values['accuracy']:.3f}",
+                samples_s=f"{values['samples_per_s']:.0f}",
+                refresh=False,
             )
         elif self.plain_lines or event != "train":
             self.write(_format_line(event, step, epoch, values))

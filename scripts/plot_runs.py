@@ -16,9 +16,11 @@ from pathlib import Path
 # Run from a checkout without installing; accel_train is imported in main(), after this.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from accel_train.cli import ArgumentParser, run_main  # noqa: E402 (light: no torch)
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Overlay the curves of several runs and print a comparison table.")
+    parser = ArgumentParser(description="Overlay the curves of several runs and print a comparison table.")
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (with metrics.jsonl)")
     parser.add_argument("--out", default="runs_compare.png", help="image to write (default: %(default)s)")
     parser.add_argument("--labels", default=None, help="comma-separated legend labels, one per RUN_DIR")
@@ -27,26 +29,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from accel_train.errors import AccelTrainError, UserError
+    from accel_train.errors import UserError
     from accel_train.plots import compare_runs_table, plot_runs
 
     args = parse_args(argv)
-    try:
-        labels = None
-        if args.labels is not None:
-            labels = [label.strip() for label in args.labels.split(",")]
-            if len(labels) != len(args.run_dirs):
-                raise UserError(f"--labels has {len(labels)} names for {len(args.run_dirs)} run directories")
-        out = plot_runs(args.run_dirs, args.out, labels=labels)
-        print(compare_runs_table(args.run_dirs, labels=labels))
-        print(f"wrote {out}")
-    except AccelTrainError as exc:
-        if args.debug:
-            raise
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return exc.exit_code
+    labels = None
+    if args.labels is not None:
+        labels = [label.strip() for label in args.labels.split(",")]
+        if len(labels) != len(args.run_dirs):
+            raise UserError(f"--labels has {len(labels)} names for {len(args.run_dirs)} run directories")
+    out = plot_runs(args.run_dirs, args.out, labels=labels)
+    print(compare_runs_table(args.run_dirs, labels=labels))
+    print(f"wrote {out}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -9,11 +9,24 @@ from accel_train.checkpoint.state import (
     save_checkpoint,
 )
 
-_WEIGHTS_API = ("read_state_dict", "load_weights", "load_model", "export_weights", "inspect_checkpoint",
-                "unwrap_state_dict")
+_WEIGHTS_API = (
+    "read_state_dict",
+    "load_weights",
+    "load_model",
+    "export_weights",
+    "inspect_checkpoint",
+    "unwrap_state_dict",
+)
 
-__all__ = ["TrainState", "latest_checkpoint", "list_checkpoints", "load_checkpoint", "resolve_resume",
-           "save_checkpoint", *_WEIGHTS_API]
+__all__ = [
+    "TrainState",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "load_checkpoint",
+    "resolve_resume",
+    "save_checkpoint",
+    *_WEIGHTS_API,
+]
 
 
 def __getattr__(name):  # weights pulls in safetensors/torch.load only when used

@@ -49,7 +49,7 @@ class TrainState:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainState":
+    def from_dict(cls, data: dict[str, Any]) -> TrainState:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)
 
@@ -60,12 +60,13 @@ def _strip_prefixes(key: str) -> str:
         changed = False
         for prefix in ("module.", "_orig_mod."):
             if key.startswith(prefix):
-                key, changed = key[len(prefix):], True
+                key, changed = key[len(prefix) :], True
     return key
 
 
 def install_unwrapped_weight_hooks(accelerator) -> None:
     """Make ``save_state``/``load_state`` use unwrapped model keys on every setup."""
+
     def save_hook(models, weights, output_dir):
         for i, sd in enumerate(weights):
             weights[i] = {_strip_prefixes(k): v for k, v in sd.items()}
@@ -136,7 +137,9 @@ def read_progress(path: str | Path) -> dict[str, Any]:
     try:
         return json.loads((Path(path) / PROGRESS_FILE).read_text())
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"cannot read {Path(path) / PROGRESS_FILE}: {exc}; the checkpoint is incomplete") from None
+        raise CheckpointError(
+            f"cannot read {Path(path) / PROGRESS_FILE}: {exc}; the checkpoint is incomplete"
+        ) from None
 
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -148,8 +151,9 @@ def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def save_checkpoint(accelerator, output_dir: str | Path, state: TrainState, meta: dict[str, Any],
-                    keep_last: int) -> Path:
+def save_checkpoint(
+    accelerator, output_dir: str | Path, state: TrainState, meta: dict[str, Any], keep_last: int
+) -> Path:
     """Collective: call on every rank. Returns the final checkpoint path."""
     root = Path(output_dir) / CHECKPOINT_DIR
     name = f"step_{state.global_step:08d}"

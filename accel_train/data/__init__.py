@@ -8,9 +8,9 @@ only for the dataset in use. ``register_dataset`` adds your own.
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from collections.abc import Callable
 
-from accel_train.data.base import DataConfig, DataSplits, DatasetInfo, TensorImageDataset, collate_batch
+from accel_train.data.base import DataConfig, DatasetInfo, DataSplits, TensorImageDataset, collate_batch
 from accel_train.errors import UserError
 
 _BUILDERS: dict[str, str | Callable[[DataConfig], DataSplits]] = {

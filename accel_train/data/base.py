@@ -9,8 +9,8 @@ device (:class:`accel_train.data.pipeline.BatchNormalizer`), never per sample.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
 from torch.utils.data import Dataset

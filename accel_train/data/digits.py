@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from accel_train.data.base import DataConfig, DataSplits, DatasetInfo, TensorImageDataset
+from accel_train.data.base import DataConfig, DatasetInfo, DataSplits, TensorImageDataset
 
 DIGITS_TEST_FRACTION = 0.2
 DIGITS_SPLIT_SEED = 0  # fixed: the split never depends on the training seed
@@ -29,9 +29,7 @@ def load_digits_dataset():
         {"image": datasets.Array2D(shape=(8, 8), dtype="uint8"), "label": datasets.ClassLabel(names=names)}
     )
     ds = datasets.Dataset.from_dict({"image": images, "label": raw.target.astype(np.int64)}, features=features)
-    return ds.train_test_split(
-        test_size=DIGITS_TEST_FRACTION, stratify_by_column="label", seed=DIGITS_SPLIT_SEED
-    )
+    return ds.train_test_split(test_size=DIGITS_TEST_FRACTION, stratify_by_column="label", seed=DIGITS_SPLIT_SEED)
 
 
 def _to_tensor(split, size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from accel_train.data.base import DataConfig, DataSplits, DatasetInfo, TensorImageDataset
+from accel_train.data.base import DataConfig, DatasetInfo, DataSplits, TensorImageDataset
 
 
 def make_synthetic(n: int, classes: int, channels: int, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,7 +6,7 @@ or configs. Layer sizes come from the constructor arguments.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch.nn as nn
 

@@ -15,7 +15,9 @@ class Residual(nn.Module):
         self.bn2 = nn.BatchNorm2d(out_ch)
         self.shortcut = None
         if stride != 1 or in_ch != out_ch:
-            self.shortcut = nn.Sequential(nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False), nn.BatchNorm2d(out_ch))
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False), nn.BatchNorm2d(out_ch)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.relu(self.bn1(self.conv1(x)))
@@ -34,9 +36,7 @@ class ResNet18(nn.Module):
     def __init__(self, num_classes: int = 10, in_channels: int = 1, image_size: int = 28):
         super().__init__()
         del image_size  # global pooling: any size works
-        self.stem = nn.Sequential(
-            nn.Conv2d(in_channels, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU()
-        )
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU())
         stages, in_ch = [], 64
         for i, out_ch in enumerate((64, 128, 256, 512)):
             stride = 1 if i == 0 else 2

@@ -25,12 +25,10 @@ class Accuracy(evaluate.Metric):
             description=_DESCRIPTION,
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}
-            ),
+            features=datasets.Features({"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}),
         )
 
     def _compute(self, predictions, references):
         total = len(references)
-        correct = sum(int(p == r) for p, r in zip(predictions, references))
+        correct = sum(int(p == r) for p, r in zip(predictions, references, strict=True))
         return {"accuracy": correct / total if total else 0.0}

@@ -1,0 +1,328 @@
+"""``imagefolder:<path>``: a folder with one subfolder of images per class.
+
+Layouts: ``<path>/<class>/<image>`` (split deterministically by ``cfg.val_split``
+and ``cfg.seed``, stratified by class) or ``<path>/train/<class>/...`` plus
+``<path>/test/<class>/...`` (``val``/``validation`` are accepted for ``test``).
+The files are indexed with the ``datasets`` library's ``imagefolder`` builder
+(works offline) and decoded lazily, one image per ``__getitem__``.
+
+Also home of the image helpers ``hf.py`` shares: :func:`infer_channels`,
+:func:`image_to_chw`, :func:`images_to_nchw` and :class:`LazyImageDataset`.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from accel_train.data.base import DataConfig, DatasetInfo, DataSplits, stratified_split
+from accel_train.errors import UserError
+
+DEFAULT_IMAGE_SIZE = 64  # used when the images differ in size and cfg.image_size is unset
+SIZE_SAMPLE = 1000  # images whose header is read to decide whether all share one size
+STATS_SAMPLE = 64  # images decoded to estimate mean/std
+TEST_DIR_NAMES = ("test", "val", "validation")
+GRAY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16L", "I;16B", "I;16N", "F"})
+_FALLBACK_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"})
+
+
+# --------------------------------------------------------------------------- image conversion (shared with hf.py)
+
+
+def image_extensions() -> frozenset[str]:
+    """File extensions the ``imagefolder`` builder indexes (lower case, with the dot)."""
+    try:
+        from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder
+
+        return frozenset(e.lower() for e in ImageFolder.EXTENSIONS)
+    except (ImportError, AttributeError):
+        return _FALLBACK_EXTENSIONS
+
+
+def _array_to_nchw(arr: np.ndarray, batched: bool) -> np.ndarray:
+    """An image array ([H,W], [H,W,C] or [C,H,W]; with a leading N when ``batched``) as [N, C, H, W]."""
+    if not batched:
+        arr = arr[None]
+    if arr.ndim == 3:
+        return arr[:, None]
+    if arr.ndim == 4:
+        first, last = arr.shape[1], arr.shape[3]
+        if last in (1, 2, 3, 4) and first not in (1, 2, 3, 4):
+            return arr.transpose(0, 3, 1, 2)
+        if first in (1, 2, 3, 4):
+            return arr
+        if last in (1, 2, 3, 4):
+            return arr.transpose(0, 3, 1, 2)
+    shape = tuple(arr.shape[1:])
+    raise UserError(f"unsupported image array shape {shape}: expected [H, W], [H, W, C] or [C, H, W] with C in 1..4")
+
+
+def _to_uint8(arr: np.ndarray) -> np.ndarray:
+    if arr.dtype == np.uint8:
+        return arr
+    if arr.dtype == np.bool_:
+        return arr.astype(np.uint8) * 255
+    if np.issubdtype(arr.dtype, np.floating):
+        if arr.size and float(np.nanmax(arr)) <= 1.0:  # [0, 1] floats
+            arr = arr * 255.0
+        return np.nan_to_num(arr).round().clip(0, 255).astype(np.uint8)
+    return arr.clip(0, 255).astype(np.uint8)
+
+
+def _match_channels(x: torch.Tensor, channels: int) -> torch.Tensor:
+    """[N, C, H, W] uint8 with C in 1..4 -> [N, channels, H, W] (drops alpha; ITU-R 601-2 luma for gray)."""
+    c = x.shape[1]
+    if c == 2:  # gray + alpha
+        x, c = x[:, :1], 1
+    elif c == 4:  # RGBA
+        x, c = x[:, :3], 3
+    if c == channels:
+        return x
+    if channels == 3:
+        return x.expand(-1, 3, -1, -1)
+    weights = torch.tensor([0.299, 0.587, 0.114]).view(1, 3, 1, 1)
+    return (x.float() * weights).sum(1, keepdim=True).round().clamp(0, 255).to(torch.uint8)
+
+
+def images_to_nchw(arr: Any, channels: int, size: int, batched: bool = True) -> torch.Tensor:
+    """Image array(s) of any common layout/dtype -> uint8 [N, channels, size, size] (one batched resize)."""
+    from accel_train.data.vision import resize_uint8
+
+    x = torch.from_numpy(np.ascontiguousarray(_array_to_nchw(_to_uint8(np.asarray(arr)), batched)))
+    return resize_uint8(_match_channels(x, channels), size).contiguous()
+
+
+def image_to_chw(image: Any, channels: int, size: int) -> torch.Tensor:
+    """One PIL image or array -> uint8 [channels, size, size]."""
+    from PIL import Image
+
+    if isinstance(image, Image.Image):
+        mode = "L" if channels == 1 else "RGB"
+        if image.mode != mode:
+            image = image.convert(mode)
+        if image.size != (size, size):
+            image = image.resize((size, size), Image.Resampling.BILINEAR)  # PIL antialiases when shrinking
+        arr = np.asarray(image)
+        return torch.from_numpy(np.array(arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1), order="C"))
+    return images_to_nchw(image, channels, size, batched=False)[0]
+
+
+def infer_channels(image: Any) -> int:
+    """1 for grayscale images (PIL gray modes, 2-D or 1-/2-channel arrays), else 3."""
+    from PIL import Image
+
+    if isinstance(image, Image.Image):
+        return 1 if image.mode in GRAY_MODES else 3
+    return 1 if _array_to_nchw(np.asarray(image), batched=False).shape[1] <= 2 else 3
+
+
+def image_size_of(image: Any) -> tuple[int, int]:
+    """(height, width) of a PIL image, an array, or an undecoded datasets image dict (header read only)."""
+    from PIL import Image
+
+    if isinstance(image, dict):  # datasets.Image(decode=False): {"bytes": ..., "path": ...}
+        if image.get("bytes"):
+            with Image.open(io.BytesIO(image["bytes"])) as im:
+                return im.height, im.width
+        with Image.open(image["path"]) as im:
+            return im.height, im.width
+    if isinstance(image, Image.Image):
+        return image.height, image.width
+    shape = _array_to_nchw(np.asarray(image), batched=False).shape
+    return shape[2], shape[3]
+
+
+def choose_image_size(sizes: set[tuple[int, int]], requested: int | None) -> int:
+    """``requested``, else the one shared square size, else :data:`DEFAULT_IMAGE_SIZE`."""
+    if requested:
+        return requested
+    if len(sizes) == 1:
+        ((h, w),) = sizes
+        if h == w:
+            return h
+    return DEFAULT_IMAGE_SIZE
+
+
+def sample_indices(n: int, k: int) -> list[int]:
+    """Up to ``k`` evenly spaced indices in ``range(n)``, always including 0."""
+    if n <= k:
+        return list(range(n))
+    return sorted({int(i) for i in np.linspace(0, n - 1, k)})
+
+
+def channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean/std in [0, 1] of a uint8 [N, C, H, W] sample (std floored to avoid blow-ups)."""
+    x = images.float().div_(255.0).transpose(0, 1).reshape(images.shape[1], -1)
+    mean = tuple(round(v, 4) for v in x.mean(1).tolist())
+    std = tuple(round(max(v, 0.01), 4) for v in x.std(1).tolist())
+    return mean, std
+
+
+class LazyImageDataset(Dataset):
+    """Map-style view of a ``datasets.Dataset``: decodes one image per ``__getitem__``.
+
+    Returns ``(uint8 [C, size, size], int label)``. ``label_map`` translates raw
+    labels (e.g. strings) to class indices; ``transform`` is an optional
+    per-sample uint8 augmentation.
+    """
+
+    def __init__(
+        self,
+        data,
+        image_column: str,
+        label_column: str,
+        channels: int,
+        size: int,
+        label_map: dict | None = None,
+        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ):
+        self.data = data
+        self.image_column = image_column
+        self.label_column = label_column
+        self.channels = channels
+        self.size = size
+        self.label_map = label_map
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int):
+        row = self.data[int(index)]
+        image = image_to_chw(row[self.image_column], self.channels, self.size)
+        if self.transform is not None:
+            image = self.transform(image)
+        label = row[self.label_column]
+        return image, int(self.label_map[label] if self.label_map is not None else label)
+
+    def labels(self) -> torch.Tensor:
+        """All labels as class indices (one columnar read, no image decoding)."""
+        raw = self.data.select_columns([self.label_column]).with_format("numpy")[:][self.label_column]
+        if self.label_map is not None:
+            raw = [self.label_map[v.item() if hasattr(v, "item") else v] for v in raw]
+        return torch.as_tensor(np.asarray(raw, dtype=np.int64))
+
+
+def augment_for(cfg: DataConfig, size: int) -> tuple[Callable[[torch.Tensor], torch.Tensor] | None, str | None]:
+    """Folder/hub datasets augment only on request (``cfg.augment is True``): random crop + flip."""
+    if cfg.augment is not True:
+        return None, None
+    from accel_train.data.vision import random_crop_flip
+
+    return random_crop_flip(size, max(1, size // 8), flip=True)
+
+
+def sample_stats(dataset: Dataset, k: int = STATS_SAMPLE) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Mean/std estimated from up to ``k`` evenly spaced decoded samples (no augmentation)."""
+    transform = getattr(dataset, "transform", None)
+    dataset.transform = None  # type: ignore[attr-defined]
+    try:
+        images = torch.stack([dataset[i][0] for i in sample_indices(len(dataset), k)])
+    finally:
+        dataset.transform = transform  # type: ignore[attr-defined]
+    return channel_stats(images)
+
+
+# --------------------------------------------------------------------------- imagefolder
+
+
+def _class_dirs(directory: Path, extensions: frozenset[str]) -> dict[str, int]:
+    """Non-hidden subfolders of ``directory`` and how many images each holds (recursively)."""
+    counts: dict[str, int] = {}
+    for entry in sorted(directory.iterdir()):
+        if not entry.is_dir() or entry.name.startswith("."):
+            continue
+        n = 0
+        for _, dirnames, filenames in os.walk(entry):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            n += sum(1 for f in filenames if not f.startswith(".") and os.path.splitext(f)[1].lower() in extensions)
+        counts[entry.name] = n
+    return counts
+
+
+def _check_classes(directory: Path, extensions: frozenset[str]) -> None:
+    counts = _class_dirs(directory, extensions)
+    with_images = [name for name, n in counts.items() if n > 0]
+    layout = f"expected {directory}/<class name>/<image file>, one subfolder per class"
+    if not with_images:
+        what = "no class subfolders" if not counts else f"no image files in its subfolders ({', '.join(counts)})"
+        raise UserError(f"empty folder: {directory} has {what}; {layout}")
+    if len(with_images) < 2:
+        raise UserError(
+            f"{directory} has images for only one class ({with_images[0]!r}); need at least 2 classes: {layout}"
+        )
+
+
+def _load_imagefolder(data_files: dict[str, str], where: Path):
+    import datasets
+
+    try:
+        dd = datasets.load_dataset("imagefolder", data_files=data_files)
+    except Exception as exc:  # the builder's errors for unreadable layouts vary between versions
+        raise UserError(f"cannot index the images in {where} with datasets' imagefolder: {exc}") from exc
+    features = dd["train"].features
+    if not isinstance(features.get("label"), datasets.ClassLabel):
+        raise UserError(
+            f"could not infer class labels for {where}: put every image exactly one level deep, in "
+            "<class name>/ subfolders, and remove any metadata.csv/metadata.jsonl file"
+        )
+    return dd
+
+
+def build_imagefolder(cfg: DataConfig, path: str) -> DataSplits:
+    """Classification data from a folder of class subfolders (see the module docstring)."""
+    root = Path(path).expanduser().absolute()
+    if not root.is_dir():
+        raise UserError(f"image folder {root} does not exist (or is not a folder); check --dataset imagefolder:<path>")
+    extensions = image_extensions()
+    test_dir = next((root / n for n in TEST_DIR_NAMES if (root / n).is_dir()), None)
+    split_layout = (root / "train").is_dir() and test_dir is not None
+    if split_layout:
+        assert test_dir is not None
+        _check_classes(root / "train", extensions)
+        _check_classes(test_dir, extensions)
+        dd = _load_imagefolder({"train": str(root / "train" / "**"), "test": str(test_dir / "**")}, root)
+        train, test = dd["train"], dd["test"]
+    else:
+        _check_classes(root, extensions)
+        full = _load_imagefolder({"train": str(root / "**")}, root)["train"]
+        labels = torch.as_tensor(full.select_columns(["label"]).with_format("numpy")[:]["label"])
+        train_idx, test_idx = stratified_split(labels, cfg.val_split, cfg.seed)
+        if len(test_idx) == 0 or len(train_idx) == 0:
+            raise UserError(
+                f"{root}: val_split={cfg.val_split} leaves an empty train or test split for {len(labels)} images; "
+                "use a val_split between 0 and 1 (or more images per class)"
+            )
+        train, test = full.select(train_idx.tolist()), full.select(test_idx.tolist())
+    class_names = list(train.features["label"].names)
+
+    import datasets
+
+    undecoded = train.cast_column("image", datasets.Image(decode=False))
+    first = train[0]["image"]
+    channels = infer_channels(first)
+    idx = sample_indices(len(undecoded), SIZE_SAMPLE)
+    sizes = {image_size_of(undecoded[i]["image"]) for i in idx}
+    size = choose_image_size(sizes, cfg.image_size)
+    transform, augment = augment_for(cfg, size)
+    train_ds = LazyImageDataset(train, "image", "label", channels, size, transform=transform)
+    test_ds = LazyImageDataset(test, "image", "label", channels, size)
+    mean, std = sample_stats(train_ds)
+    info = DatasetInfo(
+        name=f"imagefolder:{path}",
+        num_classes=len(class_names),
+        in_channels=channels,
+        image_size=size,
+        class_names=class_names,
+        mean=mean,
+        std=std,
+    )
+    extra = {"source": str(root), "augment": augment, "split": "folders" if split_layout else "stratified"}
+    return DataSplits(train_ds, test_ds, info, in_memory=False, extra=extra)

@@ -1,0 +1,209 @@
+"""``hf:<name or path>``: an image-classification dataset from the Hugging Face ``datasets`` library.
+
+``<path>`` written by ``save_to_disk`` is read with ``load_from_disk``; anything
+else goes to ``load_dataset`` (Hub, using the local cache when offline).
+Splits: ``train`` plus ``test`` (or ``validation``); a single split or a plain
+``Dataset`` is split by ``cfg.val_split``/``cfg.seed``, stratified by class.
+Images may be ``datasets.Image`` (PIL) or arrays. Splits small enough are
+decoded once into uint8 tensors; larger ones are decoded lazily per sample.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from accel_train.data.base import (
+    DataConfig,
+    DatasetInfo,
+    DataSplits,
+    TensorImageDataset,
+    stratified_split,
+)
+from accel_train.data.folder import (
+    SIZE_SAMPLE,
+    LazyImageDataset,
+    augment_for,
+    channel_stats,
+    choose_image_size,
+    image_size_of,
+    image_to_chw,
+    images_to_nchw,
+    infer_channels,
+    sample_indices,
+    sample_stats,
+)
+from accel_train.errors import UserError
+
+IMAGE_COLUMNS = ("image", "img", "pixel_values")
+LABEL_COLUMNS = ("label", "labels", "fine_label")
+TEST_SPLITS = ("test", "validation", "valid", "val")
+MAX_IN_MEMORY_SAMPLES = 200_000  # per split
+MAX_IN_MEMORY_BYTES = 2 * 1024**3  # decoded uint8 bytes per split
+DECODE_CHUNK = 1024
+STATS_SAMPLE_IN_MEMORY = 10_000
+
+
+def _is_saved_to_disk(path: Path) -> bool:
+    return path.is_dir() and any((path / f).is_file() for f in ("dataset_dict.json", "state.json"))
+
+
+def _load(name: str):
+    """The ``Dataset``/``DatasetDict`` for ``name`` and a description of where it came from."""
+    import datasets
+
+    path = Path(name).expanduser()
+    if _is_saved_to_disk(path):
+        try:
+            return datasets.load_from_disk(str(path)), str(path.absolute())
+        except (OSError, ValueError, KeyError) as exc:
+            raise UserError(f"cannot read the save_to_disk directory {path.absolute()}: {exc}") from exc
+    if name.startswith((".", "/", "~")) and not path.exists():
+        raise UserError(f"hf dataset directory {path.absolute()} does not exist; pass a save_to_disk directory")
+    target = str(path.absolute()) if path.is_dir() else name
+    try:
+        return datasets.load_dataset(target), target
+    except (ConnectionError, OSError) as exc:  # includes DatasetNotFoundError and offline cache misses
+        raise UserError(
+            f"could not load Hugging Face dataset {name!r}: it is not in the local cache and the Hub cannot be "
+            f"reached (no network?) or has no such dataset ({type(exc).__name__}: {exc}). Run once with network "
+            "access to cache it, or pass a directory written by Dataset.save_to_disk as hf:<path>"
+        ) from exc
+    except ValueError as exc:  # e.g. a config name is required
+        raise UserError(f"could not load Hugging Face dataset {name!r}: {exc}") from exc
+
+
+def _pick_splits(obj: Any, name: str):
+    """(train, test or None) from a ``DatasetDict`` or a plain ``Dataset``."""
+    import datasets
+
+    if isinstance(obj, datasets.Dataset):
+        return obj, None
+    if not isinstance(obj, datasets.DatasetDict):
+        raise UserError(f"{name!r} loaded as {type(obj).__name__}; expected a Dataset or DatasetDict (no streaming)")
+    keys = list(obj)
+    if "train" in obj:
+        train_key = "train"
+    elif len(keys) == 1:
+        train_key = keys[0]
+    else:
+        raise UserError(f"{name!r} has no 'train' split; its splits are: {', '.join(keys)}")
+    test_key = next((k for k in TEST_SPLITS if k in obj and k != train_key), None)
+    return obj[train_key], (obj[test_key] if test_key else None)
+
+
+def _pick_column(columns: list[str], requested: str | None, candidates: tuple[str, ...], what: str, flag: str) -> str:
+    if requested:
+        if requested not in columns:
+            raise UserError(f"{what} column {requested!r} not found; available columns: {', '.join(columns)}")
+        return requested
+    found = next((c for c in candidates if c in columns), None)
+    if found is None:
+        raise UserError(
+            f"no {what} column found (looked for {', '.join(candidates)}); available columns: {', '.join(columns)}; "
+            f"name it with {flag}"
+        )
+    return found
+
+
+def _column(data, col: str) -> np.ndarray:
+    return np.asarray(data.select_columns([col]).with_format("numpy")[:][col])
+
+
+def _class_names(train, test, col: str) -> tuple[list[str], np.ndarray | None]:
+    """Class names and, for non-ClassLabel labels, the sorted unique raw values (index = class)."""
+    import datasets
+
+    feature = train.features[col]
+    if isinstance(feature, datasets.ClassLabel):
+        return list(feature.names), None
+    raw = [_column(train, col)] + ([_column(test, col)] if test is not None else [])
+    uniques = np.unique(np.concatenate(raw))
+    return [str(v) for v in uniques.tolist()], uniques
+
+
+def _labels(data, col: str, uniques: np.ndarray | None) -> torch.Tensor:
+    raw = _column(data, col)
+    return torch.from_numpy(np.searchsorted(uniques, raw) if uniques is not None else raw.astype(np.int64)).long()
+
+
+def _decode_all(data, col: str, is_pil: bool, channels: int, size: int) -> torch.Tensor:
+    """Decode a whole split once into uint8 [N, channels, size, size]."""
+    n = len(data)
+    out = torch.empty((n, channels, size, size), dtype=torch.uint8)
+    view = data.select_columns([col]) if is_pil else data.select_columns([col]).with_format("numpy")
+    for start in range(0, n, DECODE_CHUNK):
+        batch = view[start : start + DECODE_CHUNK][col]
+        if not is_pil and isinstance(batch, np.ndarray) and batch.dtype != object:
+            out[start : start + len(batch)] = images_to_nchw(batch, channels, size)  # one batched conversion
+        else:  # PIL images (decoded here, one by one) or arrays of different shapes
+            for j, image in enumerate(batch):
+                out[start + j] = image_to_chw(image, channels, size)
+    return out
+
+
+def _sizes(data, col: str, is_pil: bool) -> set[tuple[int, int]]:
+    import datasets
+
+    view = data.cast_column(col, datasets.Image(decode=False)) if is_pil else data.with_format("numpy")
+    view = view.select_columns([col])
+    return {image_size_of(view[i][col]) for i in sample_indices(len(data), SIZE_SAMPLE)}
+
+
+def build_hf(cfg: DataConfig, name: str) -> DataSplits:
+    """An image-classification dataset from ``datasets`` (see the module docstring)."""
+    import datasets
+
+    obj, source = _load(name)
+    train, test = _pick_splits(obj, name)
+    columns = list(train.column_names)
+    image_col = _pick_column(columns, cfg.image_column, IMAGE_COLUMNS, "image", "--image-column")
+    label_col = _pick_column(columns, cfg.label_column, LABEL_COLUMNS, "label", "--label-column")
+    class_names, uniques = _class_names(train, test, label_col)
+    if len(class_names) < 2:
+        raise UserError(f"{name!r}: column {label_col!r} has {len(class_names)} class(es); need at least 2 classes")
+    if test is None:
+        train_idx, test_idx = stratified_split(_labels(train, label_col, uniques), cfg.val_split, cfg.seed)
+        if len(train_idx) == 0 or len(test_idx) == 0:
+            raise UserError(f"{name!r}: val_split={cfg.val_split} leaves an empty split; use a value between 0 and 1")
+        train, test = train.select(train_idx.tolist()), train.select(test_idx.tolist())
+
+    is_pil = isinstance(train.features[image_col], datasets.Image)
+    view = train.select_columns([image_col])
+    first = (view if is_pil else view.with_format("numpy"))[0][image_col]
+    channels = infer_channels(first)
+    size = choose_image_size(_sizes(train, image_col, is_pil), cfg.image_size)
+    transform, augment = augment_for(cfg, size)
+    per_sample = channels * size * size
+    in_memory = all(
+        len(s) <= MAX_IN_MEMORY_SAMPLES and len(s) * per_sample <= MAX_IN_MEMORY_BYTES for s in (train, test)
+    )
+
+    if in_memory:
+        x_train = _decode_all(train, image_col, is_pil, channels, size)
+        x_test = _decode_all(test, image_col, is_pil, channels, size)
+        train_ds: Any = TensorImageDataset(x_train, _labels(train, label_col, uniques), transform=transform)
+        test_ds: Any = TensorImageDataset(x_test, _labels(test, label_col, uniques))
+        idx = torch.as_tensor(sample_indices(len(x_train), STATS_SAMPLE_IN_MEMORY))
+        mean, std = channel_stats(x_train.index_select(0, idx))
+    else:
+        label_map = {v: i for i, v in enumerate(uniques.tolist())} if uniques is not None else None
+        if not is_pil:
+            train, test = train.with_format("numpy"), test.with_format("numpy")
+        train_ds = LazyImageDataset(train, image_col, label_col, channels, size, label_map, transform=transform)
+        test_ds = LazyImageDataset(test, image_col, label_col, channels, size, label_map)
+        mean, std = sample_stats(train_ds)
+    info = DatasetInfo(
+        name=f"hf:{name}",
+        num_classes=len(class_names),
+        in_channels=channels,
+        image_size=size,
+        class_names=class_names,
+        mean=mean,
+        std=std,
+    )
+    extra = {"source": source, "augment": augment, "image_column": image_col, "label_column": label_col}
+    return DataSplits(train_ds, test_ds, info, in_memory=in_memory, extra=extra)

@@ -1,0 +1,138 @@
+"""Issue 2 'Done when': the same loop on 1 process, accelerate cpu, 2 gloo ranks; parity; exact eval."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import FAST, check, max_abs_diff, metrics, run_script, summary, weights
+
+LENET_20 = ["--model", "lenet", "--max-steps", "20", "--log-every", "1", *FAST]
+
+
+def _assert_run_dir(out, world_size):
+    s = summary(out)
+    for key in (
+        "eval_accuracy",
+        "eval_loss",
+        "global_step",
+        "samples_seen",
+        "eval_samples",
+        "world_size",
+        "distributed_type",
+        "mixed_precision",
+        "device",
+        "wall_time_s",
+        "train_samples_per_s",
+    ):
+        assert key in s, key
+    assert s["world_size"] == world_size
+    assert s["eval_samples"] == 360  # digits test split, counted exactly once
+    assert s["samples_seen"] == s["global_step"] * s["global_batch"]
+    assert (out / "config.yaml").is_file()
+    assert all("step" in m and "epoch" in m for m in metrics(out))
+    w = weights(out)
+    assert w and not any(k.startswith(("module.", "_orig_mod.")) for k in w)
+    assert (out / "model" / "config.json").is_file()
+    return s
+
+
+def test_default_run_plain_python(tmp_path):
+    out = tmp_path / "run"
+    check(run_script("train.py", "--output-dir", str(out)))
+    s = _assert_run_dir(out, 1)
+    assert s["eval_accuracy"] >= 0.95
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list((out / "tb").rglob("events.out.tfevents.*")), "TensorBoard is the default tracker"
+
+
+def test_default_run_accelerate_cpu_config(tmp_path):
+    out = tmp_path / "run"
+    check(run_script("train.py", "--output-dir", str(out), "--report-to", "none", config="cpu.yaml"))
+    s = _assert_run_dir(out, 1)
+    assert s["eval_accuracy"] >= 0.95
+    assert s["distributed_type"] == "NO"
+
+
+def test_two_gloo_processes_from_multi_cpu_yaml(tmp_path):
+    out = tmp_path / "run"
+    check(run_script("train.py", "--output-dir", str(out), "--report-to", "none", config="multi_cpu.yaml"))
+    s = _assert_run_dir(out, 2)
+    assert s["eval_accuracy"] >= 0.95
+    assert s["distributed_type"] == "MULTI_CPU"
+
+
+def test_parity_one_process_vs_two_and_exact_eval(tmp_path):
+    """1 x 32 vs 2 x 16 (same global batch): same weights, same LR at every step, exact eval counts."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    check(run_script("train.py", *LENET_20, "--batch-size", "32", "--output-dir", str(one)))
+    # eval batch 7 x 2 processes = 14 does not divide the 360 test samples: padding must not be counted
+    check(
+        run_script(
+            "train.py",
+            *LENET_20,
+            "--batch-size",
+            "16",
+            "--eval-batch-size",
+            "7",
+            "--output-dir",
+            str(two),
+            config="multi_cpu.yaml",
+        )
+    )
+    assert summary(two)["world_size"] == 2
+    assert summary(two)["eval_samples"] == 360
+    assert max_abs_diff(weights(one), weights(two)) <= 1e-5
+    lrs = [[m["lr"] for m in metrics(d) if m["event"] == "train"] for d in (one, two)]
+    assert len(lrs[0]) == 20 and lrs[0] == pytest.approx(lrs[1], rel=1e-12)
+    assert summary(one)["eval_accuracy"] == pytest.approx(summary(two)["eval_accuracy"], abs=1 / 360 + 1e-9)
+
+
+@pytest.mark.parametrize("config", ["cpu.yaml", "cpu_bf16.yaml", "multi_cpu.yaml", "multi_cpu_bf16.yaml"])
+def test_runnable_configs_train_a_few_steps(tmp_path, config):
+    out = tmp_path / "run"
+    check(run_script("train.py", "--max-steps", "3", "--output-dir", str(out), *FAST, config=config))
+    s = summary(out)
+    assert s["global_step"] == 3
+    assert s["world_size"] == (2 if config.startswith("multi") else 1)
+    assert s["mixed_precision"] == ("bf16" if "bf16" in config else "no")
+
+
+def test_multi_cpu_type_without_mpirun_is_refused(tmp_path):
+    """accelerate's MULTI_CPU starts ONE process without mpirun: say so instead of training alone."""
+    cfg = tmp_path / "mpi_less.yaml"
+    cfg.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nnum_machines: 1\n"
+        "num_processes: 2\nmachine_rank: 0\nmixed_precision: 'no'\nuse_cpu: true\n"
+    )
+    out = tmp_path / "run"
+    proc = run_script("train.py", "--max-steps", "2", "--output-dir", str(out), *FAST, config=str(cfg))
+    assert proc.returncode != 0  # train.py exits 2; `accelerate launch` reports any child failure as 1
+    assert "started only one" in proc.stderr and "multi_cpu.yaml" in proc.stderr
+    assert not (out / "summary.json").exists()
+
+
+def test_multi_gpu_config_without_cuda_trains_as_real_ranks(tmp_path):
+    """MULTI_GPU on a CPU-only box must not become 2 independent rank-0 copies."""
+    out = tmp_path / "run"
+    proc = check(
+        run_script(
+            "train.py",
+            "--max-steps",
+            "2",
+            "--output-dir",
+            str(out),
+            *FAST,
+            config="multi_gpu.yaml",
+            launch_args=("--num_processes", "2"),
+        )
+    )
+    assert summary(out)["world_size"] == 2
+    assert "no CUDA device" in proc.stderr
+
+
+def test_fp16_on_cpu_warns(tmp_path):
+    proc = check(
+        run_script(
+            "train.py", "--max-steps", "2", "--mixed-precision", "fp16", "--output-dir", str(tmp_path / "r"), *FAST
+        )
+    )
+    assert "fp16 mixed precision is ignored on CPU" in proc.stderr
