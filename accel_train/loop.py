@@ -75,6 +75,7 @@ class Context:
     metric: Any
     timer: StepTimer = field(default_factory=StepTimer)
     stop_signal: int | None = None
+    last_saved: tuple[int, int] | None = None
 
 
 class StopTraining(Exception):
@@ -95,22 +96,30 @@ def build_optimizer(cfg: TrainConfig, model: nn.Module, lr: float) -> torch.opti
 
 
 def evaluate(ctx: Context, with_confusion: bool = False) -> dict[str, Any]:
+    return evaluate_model(
+        ctx.rt.accelerator, ctx.model, ctx.eval_dl, ctx.normalizer, ctx.metric, ctx.num_classes, with_confusion
+    )
+
+
+def evaluate_model(
+    acc, model: nn.Module, loader, normalizer: BatchNormalizer, metric, num_classes: int, with_confusion: bool = False
+) -> dict[str, Any]:
     """Exact evaluation: ``gather_for_metrics`` drops the samples padded for even sharding."""
-    acc, model, metric = ctx.rt.accelerator, ctx.model, ctx.metric
+    was_training = model.training
     model.eval()
     loss_sum = torch.zeros((), dtype=torch.float64, device=acc.device)
     preds_all, refs_all = [], []
     with torch.no_grad():
-        for images, labels in ctx.eval_dl:
+        for images, labels in loader:
             with acc.autocast():
-                logits = model(ctx.normalizer(images))
+                logits = model(normalizer(images))
             losses = F.cross_entropy(logits.float(), labels, reduction="none")
             preds = logits.argmax(dim=1)
             preds, labels, losses = acc.gather_for_metrics((preds, labels, losses))
             loss_sum += losses.double().sum()
             preds_all.append(preds.cpu())
             refs_all.append(labels.cpu())
-    model.train()
+    model.train(was_training)
     preds, refs = torch.cat(preds_all), torch.cat(refs_all)
     metric.add_batch(predictions=preds.tolist(), references=refs.tolist())
     n = len(refs)
@@ -120,14 +129,17 @@ def evaluate(ctx: Context, with_confusion: bool = False) -> dict[str, Any]:
         "eval_samples": n,
     }
     if with_confusion:
-        out["confusion"] = confusion_matrix(preds, refs, ctx.num_classes)
+        out["confusion"] = confusion_matrix(preds, refs, num_classes)
     return out
 
 
-def _checkpoint(ctx: Context, state: TrainState) -> Path:
+def _checkpoint(ctx: Context, state: TrainState) -> None:
+    position = (state.global_step, state.epoch)
+    if ctx.last_saved == position:  # e.g. --checkpoint-every fired on the step we stop at
+        return
     path = save_checkpoint(ctx.rt.accelerator, ctx.cfg.output_dir, state, ctx.meta, ctx.cfg.keep_last)
+    ctx.last_saved = position
     ctx.logger.event("checkpoint", state.global_step, state.epoch, path=str(path))
-    return path
 
 
 def _stop_requested(ctx: Context, state: TrainState) -> str | None:
@@ -434,8 +446,11 @@ def fit(cfg: TrainConfig) -> dict[str, Any]:
                 last_eval = evaluate(ctx)
                 _log_eval(ctx, state, last_eval)
                 logger.event("epoch", state.global_step, state.epoch, **train_metrics)
-                if cfg.checkpoint_epochs and state.global_step < total_steps:
+                if cfg.checkpoint_epochs:
                     _checkpoint(ctx, state)
+        # a run that ends mid-epoch (--max-steps) still leaves a resumable final state
+        if (cfg.checkpoint_epochs or cfg.checkpoint_every) and state.step_in_epoch:
+            _checkpoint(ctx, state)
     except StopTraining as stop:
         stopped = stop.reason
         _checkpoint(ctx, state)

@@ -11,7 +11,7 @@ its findings. Exit 1 if any config has an error finding, 2 on a usage error, els
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[0] = str(Path(__file__).resolve().parents[1])  # repo root instead of scripts/ (which holds evaluate.py)
 
 from accel_train.cli import ArgumentParser, run_main  # noqa: E402 (light: no torch)
 

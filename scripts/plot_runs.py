@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 # Run from a checkout without installing; accel_train is imported in main(), after this.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[0] = str(Path(__file__).resolve().parents[1])  # repo root instead of scripts/ (which holds evaluate.py)
 
 from accel_train.cli import ArgumentParser, run_main  # noqa: E402 (light: no torch)
 

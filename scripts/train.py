@@ -9,7 +9,7 @@ python scripts/train.py --config configs/seed000_mnist_cnn.yaml --max-steps 100
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[0] = str(Path(__file__).resolve().parents[1])  # repo root instead of scripts/ (which holds evaluate.py)
 
 
 def main(argv=None):

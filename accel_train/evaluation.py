@@ -1,0 +1,87 @@
+"""Evaluate exported weights or a checkpoint on a dataset, on any accelerate setup."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from accel_train.config import TrainConfig
+from accel_train.errors import UserError
+
+
+def run_evaluation(
+    weights: str,
+    dataset: str | None = None,
+    data_dir: str = "data",
+    batch_size: int = 128,
+    out: str | None = None,
+    confusion_png: str | None = None,
+    mixed_precision: str | None = None,
+) -> dict[str, Any] | None:
+    """Load ``weights`` (export dir, checkpoint dir or state-dict file), evaluate, write a JSON report.
+
+    Collective under several processes; returns the report on the main process and None elsewhere.
+    """
+    from accel_train.checkpoint.weights import load_model
+    from accel_train.data import build_dataset
+    from accel_train.data.pipeline import BatchNormalizer, make_loader
+    from accel_train.loop import evaluate_model
+    from accel_train.metrics import load_metric
+    from accel_train.runtime import build_runtime
+
+    model, model_config = load_model(weights)
+    dataset = dataset or model_config.get("dataset")
+    if not dataset:
+        raise UserError(f"{weights} does not record its dataset; pass --dataset NAME")
+    cfg = replace(
+        TrainConfig(),
+        dataset=dataset,
+        data_dir=data_dir,
+        image_size=model_config.get("image_size"),
+        report_to="none",
+        mixed_precision=mixed_precision,
+        output_dir=str(Path(out).parent) if out else ".",
+    ).validate()
+    rt = build_runtime(cfg)
+    acc = rt.accelerator
+    with acc.main_process_first():
+        splits = build_dataset(cfg.data_config())
+        metric = load_metric("accuracy")
+    info = splits.info
+    if info.num_classes != model_config["num_classes"] or info.in_channels != model_config["in_channels"]:
+        raise UserError(
+            f"{weights} was trained for {model_config['num_classes']} classes x {model_config['in_channels']} "
+            f"channel(s) but {dataset} has {info.num_classes} x {info.in_channels}; pick the matching --dataset"
+        )
+    mean, std = model_config.get("mean") or info.mean, model_config.get("std") or info.std
+    loader = make_loader(splits.test, batch_size, shuffle=False, seed=0, pin_memory=acc.device.type == "cuda")
+    model = rt.prepare_model(model)
+    model, loader = acc.prepare(model, loader)
+    result = evaluate_model(acc, model, loader, BatchNormalizer(mean, std), metric, info.num_classes, True)
+    confusion = result.pop("confusion")
+    per_class = (confusion.diag().double() / confusion.sum(1).clamp(min=1).double()).tolist()
+    names = model_config.get("class_names") or info.class_names
+    report = {
+        "weights": str(weights),
+        "dataset": dataset,
+        "accuracy": result["eval_accuracy"],
+        "loss": result["eval_loss"],
+        "samples": result["eval_samples"],
+        "per_class_accuracy": {str(n): a for n, a in zip(names, per_class, strict=True)},
+        "confusion_matrix": confusion.tolist(),
+        "world_size": acc.num_processes,
+        "distributed_type": acc.distributed_type.value,
+        "mixed_precision": acc.mixed_precision,
+    }
+    if rt.is_main:
+        if out:
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
+            Path(out).write_text(json.dumps(report, indent=2))
+        if confusion_png:
+            from accel_train.plots import plot_confusion_matrix
+
+            plot_confusion_matrix(confusion.numpy(), [str(n) for n in names], confusion_png, title=f"{dataset}")
+    rt.end()
+    return report if rt.is_main else None

@@ -1,0 +1,46 @@
+#!/usr/bin/env python
+"""Evaluate exported weights or a checkpoint on a dataset, under any accelerate config.
+
+    python scripts/evaluate.py --weights runs/default/model
+    accelerate launch --config_file accelerate_configs/multi_cpu.yaml scripts/evaluate.py \\
+        --weights runs/default/checkpoints/step_00000352 --out eval.json --confusion-png confusion.png
+"""
+
+import sys
+from pathlib import Path
+
+sys.path[0] = str(Path(__file__).resolve().parents[1])  # repo root instead of scripts/ (which holds evaluate.py)
+
+from accel_train.cli import ArgumentParser, run_main  # noqa: E402 (light: no torch)
+
+
+def main(argv=None):
+    parser = ArgumentParser(description="Evaluate weights on a dataset and write a JSON report.")
+    parser.add_argument("--weights", required=True, help="export dir, checkpoint dir, or .safetensors/.pt file")
+    parser.add_argument("--dataset", help="dataset name (default: the one recorded with the weights)")
+    parser.add_argument("--data-dir", default="data", help="root of on-disk datasets (default: data)")
+    parser.add_argument("--batch-size", type=int, default=128, help="evaluation batch per process (default: 128)")
+    parser.add_argument("--out", help="write the JSON report here (default: print it)")
+    parser.add_argument("--confusion-png", help="also write a confusion-matrix PNG")
+    parser.add_argument("--mixed-precision", choices=("no", "fp16", "bf16"), help="override the accelerate config")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    args = parser.parse_args(argv)
+
+    import json
+
+    from accel_train.evaluation import run_evaluation
+
+    report = run_evaluation(
+        args.weights, args.dataset, args.data_dir, args.batch_size, args.out, args.confusion_png, args.mixed_precision
+    )
+    if report is None:  # not the main process
+        return 0
+    if args.out:
+        print(f"accuracy {report['accuracy']:.4f} on {report['samples']} samples; wrote {args.out}")
+    else:
+        print(json.dumps({k: v for k, v in report.items() if k != "confusion_matrix"}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
