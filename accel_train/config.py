@@ -207,9 +207,19 @@ def load_yaml_config(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"--config {str(path)!r}: file not found")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"--config {path}: cannot read it as a UTF-8 text file ({exc}); pass a YAML file") from None
+    try:
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
-        raise UserError(f"--config {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UserError(
+            f"--config {path}: not valid YAML{where} ({problem}); write one 'key: value' per line, "
+            "quoting values that contain ':' or '#'"
+        ) from None
     if not isinstance(data, dict):
         raise UserError(f"--config {path}: expected a mapping of key: value, got {type(data).__name__}")
     known = {f.name: f for f in fields(TrainConfig)}
@@ -218,10 +228,25 @@ def load_yaml_config(path: str | Path) -> dict[str, Any]:
         key = str(raw_key).replace("-", "_")
         if key not in known:
             close = difflib.get_close_matches(key, list(known), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            hint = f"; did you mean {close[0]!r}?" if close else "; the keys are the --help flags without '--'"
             raise UserError(f"--config {path}: unknown key {raw_key!r}{hint}")
+        if _field_type(known[key]) is str and isinstance(value, (bool, int, float)):
+            # YAML 1.1 turns no/NO/off/yes into booleans and 0 into an int: show the text as written.
+            written = _scalar_text(yaml, text, raw_key) or str(value)
+            raise UserError(
+                f"--config {path}: {key}: {written} was read as {value!r}, not as text; quote it: {key}: '{written}'"
+            )
         out[key] = _coerce(path, key, value, known[key])
     return out
+
+
+def _scalar_text(yaml, text: str, key: Any) -> str | None:
+    """The value of top-level ``key`` exactly as written in the YAML ``text`` (None if not a plain scalar)."""
+    node = yaml.compose(text)
+    for key_node, value_node in node.value if isinstance(node, yaml.MappingNode) else []:
+        if key_node.value == str(key) and isinstance(value_node, yaml.ScalarNode):
+            return value_node.value
+    return None
 
 
 def _coerce(path: Path, key: str, value: Any, f: dataclasses.Field) -> Any:
@@ -231,11 +256,16 @@ def _coerce(path: Path, key: str, value: Any, f: dataclasses.Field) -> Any:
         if optional:
             return None
         raise UserError(f"--config {path}: {key} needs a value")
-    if typ is str and isinstance(value, (bool, int, float)):
-        # YAML 1.1 turns no/NO/off/yes into booleans and 0 into an int.
-        raise UserError(f"--config {path}: {key} was read as {value!r}; quote it, e.g. {key}: 'no'")
     if typ is bool and not isinstance(value, bool):
         raise UserError(f"--config {path}: {key} must be true or false, got {value!r}")
+    if typ is float and isinstance(value, str):
+        # YAML 1.1 reads 1e-3 (no dot) as a string; --lr 1e-3 on the command line is a float, so is this.
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if math.isfinite(number):
+            value = number
     if typ in (int, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
         raise UserError(f"--config {path}: {key} must be a number, got {value!r}")
     if typ is int and isinstance(value, float):

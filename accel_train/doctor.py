@@ -378,6 +378,8 @@ def _scan_mapping(node: yaml.MappingNode, diag: Diagnosis) -> None:
         except yaml.YAMLError:
             constructed = raw
         if key in BOOL_BY_CONVENTION_KEYS:
+            if raw in ("true", "false"):
+                continue  # a real boolean, as `accelerate config default` / write_basic_config write it
             diag.add(
                 "warning",
                 "unquoted-yaml-scalar",

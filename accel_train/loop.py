@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import signal
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,12 +35,13 @@ from accel_train.data import build_dataset
 from accel_train.data.pipeline import BatchNormalizer, BatchPlan, make_loader, plan_batches
 from accel_train.errors import NonFiniteLossError, UserError
 from accel_train.metrics import confusion_matrix, load_metric
-from accel_train.models import create_model
+from accel_train.models import check_model_name, create_model
 from accel_train.runtime import Runtime, build_runtime
 from accel_train.schedule import ScheduleFn
 from accel_train.tracking import RunLogger, trackers_for
 
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "summary.json", CHECKPOINT_DIR)
+PREEMPT_GRACE_S = 25.0  # torchrun and Slurm send SIGKILL ~30 s after SIGTERM
 WARMUP_STEPS_EXCLUDED = 5  # steady-state throughput ignores the first steps (allocation, caches)
 
 
@@ -74,6 +78,7 @@ class Context:
     meta: dict[str, Any]
     metric: Any
     timer: StepTimer = field(default_factory=StepTimer)
+    window: Window | None = None
     stop_signal: int | None = None
     last_saved: tuple[int, int] | None = None
 
@@ -137,6 +142,7 @@ def _checkpoint(ctx: Context, state: TrainState) -> None:
     position = (state.global_step, state.epoch)
     if ctx.last_saved == position:  # e.g. --checkpoint-every fired on the step we stop at
         return
+    state.extra["log_window"] = ctx.window.reduce(ctx.rt.accelerator)
     path = save_checkpoint(ctx.rt.accelerator, ctx.cfg.output_dir, state, ctx.meta, ctx.cfg.keep_last)
     ctx.last_saved = position
     ctx.logger.event("checkpoint", state.global_step, state.epoch, path=str(path))
@@ -153,8 +159,46 @@ def _stop_requested(ctx: Context, state: TrainState) -> str | None:
     return f"received {signal.Signals(flag).name}" if flag else None
 
 
-def train_one_epoch(ctx: Context, state: TrainState) -> dict[str, float]:
-    """Train until the epoch ends or ``total_steps`` is reached; returns the epoch's train metrics."""
+class Window:
+    """Train loss/accuracy summed on the device between two log steps: no host sync per step.
+
+    The reduced sums travel inside checkpoints, so the logged values after a
+    resume equal those of an uninterrupted run.
+    """
+
+    def __init__(self, device: torch.device):
+        self.sums = torch.zeros(3, device=device, dtype=torch.float64)  # loss*n, correct, n
+
+    def add(self, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, finite_only: bool) -> None:
+        n = labels.shape[0]
+        loss = loss.detach().double()
+        ok = torch.isfinite(loss).double() if finite_only else torch.ones((), dtype=torch.float64, device=loss.device)
+        if finite_only:  # a skipped non-finite step must not poison the logged average
+            loss = torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
+        correct = (logits.detach().argmax(dim=1) == labels).sum().double()
+        self.sums += torch.stack([loss * n * ok, correct * ok, n * ok])
+
+    def reduce(self, acc) -> list[float]:
+        """Global sums over all ranks (collective)."""
+        return acc.reduce(self.sums.clone(), reduction="sum").tolist()
+
+    def restore(self, sums: list[float] | None, is_main: bool) -> None:
+        self.sums.zero_()
+        if sums and is_main:  # the global sums live on one rank; the reduce adds the others' zeros
+            self.sums += torch.tensor(sums, dtype=torch.float64, device=self.sums.device)
+
+
+def _check_finite(ctx: Context, state: TrainState, loss_sum: float) -> None:
+    if not math.isfinite(loss_sum):
+        raise NonFiniteLossError(
+            f"training loss became {loss_sum} by step {state.global_step}; stopping. The last good checkpoint in "
+            f"{Path(ctx.cfg.output_dir) / CHECKPOINT_DIR} is kept. Lower --lr, keep --max-grad-norm on, or pass "
+            "--skip-nonfinite to skip such steps"
+        )
+
+
+def train_one_epoch(ctx: Context, state: TrainState) -> None:
+    """Train until the epoch ends or ``total_steps`` is reached."""
     cfg, acc, model, plan = ctx.cfg, ctx.rt.accelerator, ctx.model, ctx.plan
     ctx.train_dl.set_epoch(state.epoch)
     loader = ctx.train_dl
@@ -162,12 +206,7 @@ def train_one_epoch(ctx: Context, state: TrainState) -> dict[str, float]:
         loader = acc.skip_first_batches(ctx.train_dl, state.step_in_epoch * plan.accum_steps)
         loader.set_epoch(state.epoch)
     model.train()
-    dev = acc.device
-    loss_sum = torch.zeros((), device=dev)
-    correct = torch.zeros((), device=dev, dtype=torch.long)
-    seen = torch.zeros((), device=dev, dtype=torch.long)
-    window_bad = torch.zeros((), device=dev)
-    epoch_loss, epoch_correct, epoch_seen = 0.0, 0, 0
+    window, bad = ctx.window, torch.zeros((), device=acc.device)
     last_log_t, last_log_samples = time.perf_counter(), state.samples_seen
     timer = ctx.timer
     t_prev = time.perf_counter()
@@ -188,20 +227,17 @@ def train_one_epoch(ctx: Context, state: TrainState) -> dict[str, float]:
             loss = F.cross_entropy(logits.float(), labels)
             acc.backward(loss)
             skip = False
-            if cfg.skip_nonfinite:
-                window_bad += (~torch.isfinite(loss.detach())).float()
+            if cfg.skip_nonfinite:  # opt-in: one small all-reduce per optimizer step
+                bad += (~torch.isfinite(loss.detach())).float()
                 if acc.sync_gradients:
-                    skip = acc.reduce(window_bad, reduction="sum").item() > 0
-                    window_bad.zero_()
+                    skip = acc.reduce(bad, reduction="sum").item() > 0
+                    bad.zero_()
             if acc.sync_gradients and cfg.max_grad_norm > 0 and not skip:
                 acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
             if not skip:
                 ctx.optimizer.step()
             ctx.optimizer.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            loss_sum += loss.detach() * labels.shape[0]
-            correct += (logits.detach().argmax(dim=1) == labels).sum()
-            seen += labels.shape[0]
+        window.add(loss, logits, labels, finite_only=cfg.skip_nonfinite)
         if not acc.sync_gradients:
             account(t_data, optimizer_step=False)
             continue
@@ -214,48 +250,33 @@ def train_one_epoch(ctx: Context, state: TrainState) -> dict[str, float]:
         state.step_in_epoch += 1
         state.samples_seen += plan.global_batch
         ctx.logger.advance()
+        reason = _stop_requested(ctx, state)
+        save_now = bool(reason) or bool(cfg.checkpoint_every and state.global_step % cfg.checkpoint_every == 0)
         if cfg.log_every and state.global_step % cfg.log_every == 0:
-            tot = acc.reduce(torch.stack([loss_sum.float(), correct.float(), seen.float()]), reduction="sum")
-            tot_loss, tot_correct, tot_seen = tot.tolist()
-            if not math.isfinite(tot_loss):
-                raise NonFiniteLossError(
-                    f"training loss became {tot_loss} by step {state.global_step}; stopping. The last good "
-                    f"checkpoint in {Path(cfg.output_dir) / CHECKPOINT_DIR} is kept. Lower --lr, keep "
-                    "--max-grad-norm on, or pass --skip-nonfinite to skip such steps"
-                )
+            tot_loss, tot_correct, tot_seen = window.reduce(acc)
+            _check_finite(ctx, state, tot_loss)
             now = time.perf_counter()
             rate = (state.samples_seen - last_log_samples) / max(now - last_log_t, 1e-9)
             last_log_t, last_log_samples = now, state.samples_seen
-            ctx.logger.log(
-                "train",
-                state.global_step,
-                state.epoch,
-                {
-                    "loss": tot_loss / max(tot_seen, 1),
-                    "accuracy": tot_correct / max(tot_seen, 1),
-                    "lr": ctx.scheduler.get_last_lr()[0],
-                    "samples_per_s": rate,
-                },
-            )
-            epoch_loss, epoch_correct, epoch_seen = (
-                epoch_loss + tot_loss,
-                epoch_correct + tot_correct,
-                epoch_seen + tot_seen,
-            )
-            loss_sum.zero_(), correct.zero_(), seen.zero_()
+            values = {
+                "loss": tot_loss / max(tot_seen, 1),
+                "accuracy": tot_correct / max(tot_seen, 1),
+                "lr": ctx.scheduler.get_last_lr()[0],
+                "samples_per_s": rate,
+            }
+            ctx.logger.log("train", state.global_step, state.epoch, values)
+            window.restore(None, acc.is_main_process)
+        elif save_now:  # never checkpoint a NaN state: check (and keep) the open window first
+            _check_finite(ctx, state, window.reduce(acc)[0])
         if cfg.eval_every and state.global_step % cfg.eval_every == 0:
             _log_eval(ctx, state, evaluate(ctx))
-        if cfg.checkpoint_every and state.global_step % cfg.checkpoint_every == 0:
+        if save_now:
             _checkpoint(ctx, state)
-        reason = _stop_requested(ctx, state)
         account(t_data, optimizer_step=True)
         if reason:
             raise StopTraining(reason)
         if state.global_step >= ctx.total_steps:
             break
-    tot = acc.reduce(torch.stack([loss_sum.float(), correct.float(), seen.float()]), reduction="sum").tolist()
-    epoch_loss, epoch_correct, epoch_seen = epoch_loss + tot[0], epoch_correct + tot[1], epoch_seen + tot[2]
-    return {"train_loss": epoch_loss / max(epoch_seen, 1), "train_accuracy": epoch_correct / max(epoch_seen, 1)}
 
 
 def _log_eval(ctx: Context, state: TrainState, result: dict[str, Any]) -> None:
@@ -275,8 +296,8 @@ def export_model(ctx: Context, out_dir: Path) -> None:
         export_weights(state_dict, out_dir, ctx.meta["model_config"])
 
 
-def prepare_output_dir(cfg: TrainConfig, rt: Runtime) -> None:
-    """Refuse to mix two runs in one folder unless --resume or --overwrite says so."""
+def check_output_dir(cfg: TrainConfig) -> None:
+    """Refuse an unusable --output-dir before anything is loaded or written (no side effects)."""
     out = Path(cfg.output_dir)
     existing = [m for m in RUN_MARKERS if (out / m).exists()]
     if existing and cfg.resume == "none" and not cfg.overwrite:
@@ -284,6 +305,19 @@ def prepare_output_dir(cfg: TrainConfig, rt: Runtime) -> None:
             f"--output-dir {out} already holds a run ({', '.join(existing)}); pass --resume auto to continue it, "
             "--overwrite to replace it, or choose another --output-dir"
         )
+    parent = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
+    if not parent.is_dir():
+        what = "is a file" if parent == out.absolute() else f"is inside {parent}, which is a file"
+        raise UserError(f"--output-dir {out} is not writable (it {what}); choose another folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"--output-dir {out} is not writable (no permission on {parent}); choose another folder")
+
+
+def prepare_output_dir(cfg: TrainConfig, rt: Runtime) -> None:
+    """Refuse to mix two runs in one folder unless --resume or --overwrite says so, then create it."""
+    out = Path(cfg.output_dir)
+    check_output_dir(cfg)
+    existing = [m for m in RUN_MARKERS if (out / m).exists()]
     if rt.is_main:
         if existing and cfg.overwrite and cfg.resume == "none":
             for name in RUN_MARKERS + ("model", "best", "summary.json", "curves.png", "metrics.csv"):
@@ -304,12 +338,23 @@ def prepare_output_dir(cfg: TrainConfig, rt: Runtime) -> None:
     rt.accelerator.wait_for_everyone()
 
 
+def _give_up(signum: int) -> None:
+    print(
+        f"accel_train: no step boundary reached {PREEMPT_GRACE_S:.0f}s after {signal.Signals(signum).name}; "
+        "exiting without a new checkpoint (the previous one is intact)",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(128 + signum)
+
+
 def fit(cfg: TrainConfig) -> dict[str, Any]:
     """Train, evaluate, checkpoint and export according to ``cfg``; returns the summary."""
     t_launch = time.perf_counter()
     rt = build_runtime(cfg, log_with=trackers_for(cfg.report_to, cfg.output_dir) or None)
     acc = rt.accelerator
-    prepare_output_dir(cfg, rt)
+    check_output_dir(cfg)  # created (or replaced, with --overwrite) only once every input loaded
+    check_model_name(cfg.model)  # before a possibly long dataset load
     resume_path = resolve_resume(cfg.resume, cfg.output_dir)
 
     with acc.main_process_first():  # downloads and caches happen once
@@ -396,6 +441,7 @@ def fit(cfg: TrainConfig) -> dict[str, Any]:
                 f"resuming a run trained with global batch {old['global_batch']} at global batch "
                 f"{plan.global_batch}: pass --global-batch-size {old['global_batch']} to continue it exactly"
             )
+    prepare_output_dir(cfg, rt)
     if rt.is_main:
         save_config(cfg, Path(cfg.output_dir) / "config.yaml", extra=resolved)
     if cfg.report_to != "none":
@@ -403,6 +449,14 @@ def fit(cfg: TrainConfig) -> dict[str, Any]:
             "tb", config={k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool))}
         )
 
+    # before the progress bar exists, so the header does not end up on the bar's line
+    rt.print(
+        f"accel_train: {cfg.model} on {cfg.dataset} ({len(splits.train)} train / {len(splits.test)} test) | "
+        f"{acc.num_processes} process(es), {acc.distributed_type.value}, device {acc.device}, "
+        f"mixed precision {acc.mixed_precision}, {rt.threads} thread(s)/process\n"
+        f"accel_train: {plan.describe()}; lr {lr:g}; {total_steps} steps ({steps_per_epoch}/epoch)"
+        + (f"; resumed from {resume_path} at step {state.global_step}" if resume_path else "")
+    )
     logger = RunLogger(acc, cfg.output_dir, total_steps, state.global_step, cfg.progress, cfg.report_to != "none")
     ctx = Context(
         cfg,
@@ -420,32 +474,36 @@ def fit(cfg: TrainConfig) -> dict[str, Any]:
         logger,
         meta,
         metric,
+        window=Window(acc.device),
     )
-    rt.print(
-        f"accel_train: {cfg.model} on {cfg.dataset} ({len(splits.train)} train / {len(splits.test)} test) | "
-        f"{acc.num_processes} process(es), {acc.distributed_type.value}, device {acc.device}, "
-        f"mixed precision {acc.mixed_precision}, {rt.threads} thread(s)/process\n"
-        f"accel_train: {plan.describe()}; lr {lr:g}; {total_steps} steps ({steps_per_epoch}/epoch)"
-        + (f"; resumed from {resume_path} at step {state.global_step}" if resume_path else "")
-    )
+    ctx.window.restore(state.extra.get("log_window"), acc.is_main_process)
     if resume_path is not None:
         logger.event("resume", state.global_step, state.epoch, path=str(resume_path))
 
+    watchdog: list[threading.Timer] = []
+
     def on_signal(signum, frame):
+        # Stop at the next step boundary with a checkpoint. If this rank is stuck (a peer died or hangs
+        # in a collective), leave before the launcher's SIGKILL instead of ignoring the signal.
         ctx.stop_signal = signum
+        if not watchdog:
+            timer = threading.Timer(PREEMPT_GRACE_S, _give_up, args=(signum,))
+            timer.daemon = True
+            timer.start()
+            watchdog.append(timer)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     stopped = None
     last_eval: dict[str, Any] | None = None
     try:
         while state.global_step < total_steps and state.epoch < epochs:
-            train_metrics = train_one_epoch(ctx, state)
+            train_one_epoch(ctx, state)
             if state.step_in_epoch >= steps_per_epoch:  # the epoch is complete
                 state.epoch += 1
                 state.step_in_epoch = 0
                 last_eval = evaluate(ctx)
                 _log_eval(ctx, state, last_eval)
-                logger.event("epoch", state.global_step, state.epoch, **train_metrics)
+                logger.event("epoch", state.global_step, state.epoch)
                 if cfg.checkpoint_epochs:
                     _checkpoint(ctx, state)
         # a run that ends mid-epoch (--max-steps) still leaves a resumable final state
@@ -461,6 +519,8 @@ def fit(cfg: TrainConfig) -> dict[str, Any]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        for timer in watchdog:
+            timer.cancel()
         logger.close()
 
     if stopped:

@@ -70,6 +70,28 @@ def wants_cpu_ranks(env: dict[str, str] | os._Environ = os.environ, cuda_availab
     return launched_world_size(env) > 1 and not cuda_available
 
 
+def init_process_group_per_attempt(cpu: bool, timeout: timedelta) -> None:
+    """Join the process group through a store namespace unique to this launcher attempt.
+
+    After ``accelerate launch --max_restarts`` restarts the ranks, torchrun's store
+    still holds the previous attempt's keys; gloo could read a dead peer's
+    address from them and fail with "connectFullMesh ... Connection refused"
+    (seen here under load), or hang. Accelerate skips its own init when a group exists.
+    """
+    import torch.distributed as dist
+
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None or launched_world_size() < 2 or dist.is_initialized():
+        return
+    store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+    store = dist.PrefixStore(f"accel_train/attempt_{attempt}", store)
+    backend = "gloo"
+    if not cpu and torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        backend = "nccl"
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+
+
 def gpus_hidden_on_purpose(env: dict[str, str] | os._Environ = os.environ) -> bool:
     """``CUDA_VISIBLE_DEVICES`` empty or starting with a negative id (multi_cpu.yaml's '-1,-1')."""
     visible = env.get("CUDA_VISIBLE_DEVICES")
@@ -161,6 +183,8 @@ def build_runtime(cfg: TrainConfig, log_with: list | None = None) -> Runtime:
     check_launch()
     cpu = wants_cpu_ranks()
     threads = configure_threads(cfg.threads)
+    timeout = timedelta(seconds=cfg.dist_timeout)
+    init_process_group_per_attempt(cpu, timeout)
     accelerator = Accelerator(
         cpu=cpu,
         mixed_precision=cfg.mixed_precision,
@@ -169,7 +193,7 @@ def build_runtime(cfg: TrainConfig, log_with: list | None = None) -> Runtime:
         project_config=ProjectConfiguration(project_dir=cfg.output_dir, logging_dir=cfg.output_dir),
         # Our sampler shuffles from (seed, epoch); accelerate only shards its batches.
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=False, even_batches=True),
-        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.dist_timeout))],
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timeout)],
     )
     runtime = Runtime(accelerator, threads)
     if cpu and not gpus_hidden_on_purpose():

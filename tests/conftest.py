@@ -31,6 +31,24 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def launch_cmd(script: str, *args: str, config: str | None = None, launch_args: tuple[str, ...] = ()) -> list[str]:
+    path = str(REPO / script) if "/" in script else str(REPO / "scripts" / script)
+    if config is None:
+        return [sys.executable, path, *args]
+    cfg = config if os.path.isabs(config) else str(CONFIGS / config)
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.accelerate_cli",
+        "launch",
+        "--config_file",
+        cfg,
+        *launch_args,
+        path,
+        *args,
+    ]
+
+
 def run_script(
     script: str,
     *args: str,
@@ -40,22 +58,7 @@ def run_script(
     launch_args: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess:
     """``python scripts/<script> args`` or, with ``config``, ``accelerate launch --config_file``."""
-    path = str(REPO / "scripts" / script)
-    if config is None:
-        cmd = [sys.executable, path, *args]
-    else:
-        cfg = config if os.path.isabs(config) else str(CONFIGS / config)
-        cmd = [
-            sys.executable,
-            "-m",
-            "accelerate.commands.accelerate_cli",
-            "launch",
-            "--config_file",
-            cfg,
-            *launch_args,
-            path,
-            *args,
-        ]
+    cmd = launch_cmd(script, *args, config=config, launch_args=launch_args)
     return subprocess.run(cmd, cwd=REPO, env=_env(env), capture_output=True, text=True, timeout=timeout)
 
 

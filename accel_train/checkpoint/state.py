@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import json
 import os
+import pickle  # only for pickle.UnpicklingError
 import shutil
+import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,7 +140,8 @@ def read_progress(path: str | Path) -> dict[str, Any]:
         return json.loads((Path(path) / PROGRESS_FILE).read_text())
     except (OSError, ValueError) as exc:
         raise CheckpointError(
-            f"cannot read {Path(path) / PROGRESS_FILE}: {exc}; the checkpoint is incomplete"
+            f"cannot read {Path(path) / PROGRESS_FILE}: {exc}; the checkpoint is incomplete, resume from "
+            "another checkpoint or start a new --output-dir"
         ) from None
 
 
@@ -180,5 +183,22 @@ def save_checkpoint(
 def load_checkpoint(accelerator, path: str | Path) -> tuple[TrainState, dict[str, Any]]:
     """Collective: restore accelerate's state from ``path`` and return the progress."""
     progress = read_progress(path)
-    accelerator.load_state(str(path))
+    rng = Path(path) / f"random_states_{accelerator.process_index}.pkl"
+    if rng.is_file() and not zipfile.is_zipfile(rng):  # accelerate would skip it silently: resume not exact
+        raise CheckpointError(
+            f"cannot resume from {path}: {rng.name} is truncated or corrupt; resume from an older checkpoint "
+            f"in {Path(path).parent}, or start a new --output-dir"
+        )
+    from safetensors import SafetensorError
+
+    try:
+        accelerator.load_state(str(path))
+    except (SafetensorError, RuntimeError, OSError, EOFError, ValueError, KeyError, pickle.UnpicklingError) as exc:
+        # a truncated/corrupt file (our load hook's CheckpointError for another model passes through)
+        reason = " ".join(str(exc).split()).split(". ")[0][:200] or type(exc).__name__
+        raise CheckpointError(
+            f"cannot resume from {path}: a file in it is missing, truncated or corrupt "
+            f"({type(exc).__name__}: {reason}); resume from an older checkpoint in {Path(path).parent}, "
+            "or start a new --output-dir"
+        ) from exc
     return TrainState.from_dict(progress["state"]), progress

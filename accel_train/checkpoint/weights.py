@@ -24,6 +24,7 @@ import os
 import pickle  # only for pickle.UnpicklingError: nothing is ever unpickled with it
 import re
 import tempfile
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -226,7 +227,7 @@ def _sniff_format(path: Path) -> str:
 
 def _unsafe_pickle_error(path: Path, exc: BaseException) -> CheckpointError:
     message = str(exc)
-    match = re.search(r"Unsupported (?:global|class)[:\s]+(?:GLOBAL\s+)?([\w.]+)", message)
+    match = re.search(r"Unsupported (?:global|class)[:\s]+(?:GLOBAL\s+)?([\w.]+)", message, re.IGNORECASE)
     needs = f" (it references {match.group(1)})" if match else ""
     return CheckpointError(
         f"refused to load {path}: the file needs arbitrary code to load{needs}, e.g. a pickled nn.Module "
@@ -236,15 +237,24 @@ def _unsafe_pickle_error(path: Path, exc: BaseException) -> CheckpointError:
     )
 
 
+def _unpickling_reason(exc: BaseException) -> str:
+    """The informative part of torch's weights_only error (without its generic preamble and doc link)."""
+    boilerplate = ("Weights only load failed", "In PyTorch", "Please file an issue", "Check the documentation")
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and not ln.strip().startswith(boilerplate)]
+    return _short(Exception(" ".join(lines))) if lines else _short(exc)
+
+
 def _load_pickle(path: Path) -> Any:
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # "Detected pickle protocol 4": the load fails or succeeds on its own
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         if re.search(r"Unsupported (global|class)|GLOBAL|reduce|not an allowed", str(e)):
             raise _unsafe_pickle_error(path, e) from None
         raise CheckpointError(
             f"refused to load {path}: it is either corrupt/truncated or needs arbitrary code to load "
-            f"({_short(e)}); re-export it, or convert it from trusted code with "
+            f"({_unpickling_reason(e)}); re-export it, or convert it from trusted code with "
             f'torch.save({_TRUSTED_LOAD}("{path}", weights_only=False).state_dict(), "clean.pt")'
         ) from None
     except (EOFError, RuntimeError, ValueError, KeyError, IndexError, TypeError, AttributeError, OSError) as e:
@@ -514,7 +524,10 @@ def _mismatch_message(
     message = "; ".join(parts)
     if causes:
         message += "; likely cause: " + "; ".join(causes)
-    return message + "; build the model that matches the weights (or pass strict=False to load what fits)"
+    fix = "build the model that matches the weights (or pass strict=False to load what fits)"
+    if meta.get("config_path"):
+        fix = f"make {meta['config_path']} describe these weights, or {fix}"
+    return f"{message}; {fix}"
 
 
 def load_weights(source: str | os.PathLike | Mapping[str, Tensor], model: nn.Module, strict: bool = True) -> dict:
@@ -534,6 +547,11 @@ def load_weights(source: str | os.PathLike | Mapping[str, Tensor], model: nn.Mod
         meta: dict = {"format": "state_dict", "kind": "memory", "path": "<state dict>", "model_config": None}
     else:
         raw, meta = _read_raw(source)
+    return _load_into(raw, meta, model, strict)
+
+
+def _load_into(raw: dict[str, Tensor], meta: dict, model: nn.Module, strict: bool) -> dict:
+    """``load_weights`` once the tensors are read; ``meta`` (path, model_config) feeds the error messages."""
     target = unwrap_model(model)
     expected = target.state_dict()
 
@@ -612,7 +630,7 @@ def load_model(source: str | os.PathLike, model_name: str | None = None, **overr
         raise UserError(f"cannot build model {config['model']!r} with {kwargs}: {_short(e)}") from None
     for key, value in kwargs.items():
         config[key] = value
-    load_weights(sd, model, strict=True)
+    _load_into(sd, meta, model, strict=True)  # a mismatch names the weights file and its config
     model.eval()
     return model, config
 

@@ -98,7 +98,10 @@ def _pick_splits(obj: Any, name: str):
 def _pick_column(columns: list[str], requested: str | None, candidates: tuple[str, ...], what: str, flag: str) -> str:
     if requested:
         if requested not in columns:
-            raise UserError(f"{what} column {requested!r} not found; available columns: {', '.join(columns)}")
+            raise UserError(
+                f"{what} column {requested!r} not found; available columns: {', '.join(columns)}; "
+                f"pass one of them with {flag}"
+            )
         return requested
     found = next((c for c in candidates if c in columns), None)
     if found is None:

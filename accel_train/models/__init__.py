@@ -39,7 +39,11 @@ def available_models() -> list[str]:
     return sorted(_MODELS)
 
 
-def create_model(name: str, num_classes: int = 10, in_channels: int = 1, image_size: int = 28) -> nn.Module:
+def check_model_name(name: str) -> None:
     if name not in _MODELS:
         raise UserError(f"unknown model {name!r}; choose one of: {', '.join(available_models())}")
+
+
+def create_model(name: str, num_classes: int = 10, in_channels: int = 1, image_size: int = 28) -> nn.Module:
+    check_model_name(name)
     return _MODELS[name](num_classes=num_classes, in_channels=in_channels, image_size=image_size)

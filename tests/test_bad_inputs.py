@@ -1,0 +1,422 @@
+"""A catalogue of bad inputs: each one ends in ONE line ``error: ...`` and leaves the disk as it was.
+
+For every case: (1) the exit code (2 for user errors), (2) stderr is exactly one line that starts
+with ``error:``, names the bad value and says what to do (never a traceback), (3) nothing that
+existed before was modified and nothing was created: the watched trees (usually the whole test
+folder, which holds the inputs AND the place where the output would go) are compared by path,
+kind, size, mtime and content hash before and after.
+
+Most cases are real subprocess runs of the scripts; where a family has many members (flag values,
+YAML configs) one or two subprocesses prove the one-line format and the rest are checked in-process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+from conftest import FAST, check, run_script, summary
+from datafiles import write_hf_disk, write_image_folder, write_mnist_idx
+
+from accel_train.config import parse_config
+from accel_train.errors import UserError
+
+# ------------------------------------------------------------------ helpers
+
+
+def snapshot(*roots: Path) -> dict[str, tuple]:
+    """Every path under ``roots`` (roots included) -> (kind, size, mtime_ns, sha256); absent roots -> missing."""
+    state: dict[str, tuple] = {}
+    for root in map(Path, roots):
+        if not os.path.lexists(root):
+            state[str(root)] = ("missing",)
+            continue
+        for path in [root, *sorted(root.rglob("*"))] if root.is_dir() else [root]:
+            st = path.lstat()
+            if path.is_dir():
+                state[str(path)] = ("dir", st.st_mtime_ns)  # an entry created or removed inside changes it
+            else:
+                state[str(path)] = ("file", st.st_size, st.st_mtime_ns, hashlib.sha256(path.read_bytes()).hexdigest())
+    return state
+
+
+def assert_one_line_error(proc, *needles: str, code: int = 2) -> str:
+    """Exit ``code``; stderr is one ``error: ...`` line containing every needle; no traceback anywhere."""
+    out = f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-3000:]}\nSTDERR:\n{proc.stderr[-5000:]}"
+    assert proc.returncode == code, out
+    assert "Traceback" not in proc.stderr + proc.stdout, out
+    assert proc.stderr.count("\n") == 1 and proc.stderr.endswith("\n"), f"stderr is not exactly one line\n{out}"
+    line = proc.stderr.rstrip("\n")
+    assert line.startswith("error: ") and len(line) > len("error: ") + 10, out
+    for needle in needles:
+        assert needle in line, f"{needle!r} missing from: {line}"
+    return line
+
+
+def run_bad(script: str, args: list[str], watch: list[Path], needles: list[str], code: int = 2) -> str:
+    """Run ``python scripts/<script> args`` expecting a one-line error; the ``watch`` trees must not change."""
+    before = snapshot(*watch)
+    proc = run_script(script, *args, timeout=120)
+    line = assert_one_line_error(proc, *needles, code=code)
+    assert snapshot(*watch) == before, f"files changed or appeared after: {line}"
+    return line
+
+
+def raises_user_error(fn, *needles: str) -> str:
+    with pytest.raises(UserError) as info:
+        fn()
+    message = str(info.value)
+    assert "\n" not in message, message
+    for needle in needles:
+        assert needle in message, f"{needle!r} missing from: {message}"
+    return message
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory) -> Path:
+    """One tiny real run (2 steps of lenet on digits): a run directory with a checkpoint and an export."""
+    run = tmp_path_factory.mktemp("trained") / "run"
+    check(run_script("train.py", *FAST, "--max-steps", "2", "--batch-size", "16", "--output-dir", str(run)))
+    assert (run / "checkpoints" / "step_00000002" / "progress.json").is_file()
+    return run
+
+
+# ------------------------------------------------------------------ CLI flags
+
+
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (["--bogus-flag"], ["unrecognized arguments: --bogus-flag", "--help"]),
+        (["--lr", "abc"], ["--lr", "'abc'", "--help"]),
+        (["--batch-size", "0"], ["--batch-size must be >= 1, got 0"]),
+        (["--model", "nope"], ["unknown model 'nope'", "choose one of", "lenet"]),
+        (["--dataset", "nope"], ["unknown dataset 'nope'", "choose one of", "digits", "imagefolder:<path>"]),
+    ],
+    ids=["unknown-flag", "lr-not-a-number", "batch-size-0", "unknown-model", "unknown-dataset"],
+)
+def test_cli_flag_errors_subprocess(tmp_path, args, needles):
+    # the output directory must not be created when the run is refused
+    run_bad("train.py", [*FAST, "--output-dir", str(tmp_path / "run"), *args], [tmp_path], needles)
+    assert not (tmp_path / "run").exists()
+
+
+CLI_IN_PROCESS = [
+    (["--optimizer", "rmsprop"], ["--optimizer", "invalid choice: 'rmsprop'", "choose from", "'adamw'", "--help"]),
+    (["--lr", "-1"], ["--lr must be a positive number, got -1.0"]),
+    (["--lr", "nan"], ["--lr must be a positive number, got nan"]),
+    (["--val-split", "1.5"], ["--val-split must be between 0 and 1, got 1.5"]),
+    (["--val-split", "0"], ["--val-split must be between 0 and 1, got 0.0"]),
+    (["--epochs", "1.5"], ["--epochs", "invalid int value: '1.5'", "--help"]),
+    (["--eval-every", "-1"], ["--eval-every must be >= 0, got -1"]),
+    (["--mixed-precision", "fp8"], ["--mixed-precision", "'fp8'", "bf16"]),
+    (["--max-device-batch", "8"], ["--max-device-batch only applies with --global-batch-size", "set G or drop it"]),
+    (["--global-batch-size", "32", "--grad-accum-steps", "2"], ["--grad-accum-steps is derived", "drop one"]),
+    (["--resume", "/no/such/ckpt"], ["--resume '/no/such/ckpt'", "no such checkpoint", "'auto'"]),
+]
+
+
+@pytest.mark.parametrize("args,needles", CLI_IN_PROCESS, ids=[" ".join(args) for args, _ in CLI_IN_PROCESS])
+def test_cli_flag_errors_in_process(args, needles):
+    raises_user_error(lambda: parse_config(args), *needles)
+
+
+def test_global_batch_not_divisible_by_processes():
+    from accel_train.data.pipeline import plan_batches
+
+    raises_user_error(
+        lambda: plan_batches(4, 32, 1, global_batch_size=30),
+        "--global-batch-size 30 is not divisible by the 4 processes",
+        "use a multiple of 4",
+    )
+
+
+# ------------------------------------------------------------------ YAML configs (--config)
+
+
+@pytest.mark.parametrize(
+    "text,needles",
+    [
+        ("lr: 0.01\nepoch: 3\n", ["unknown key 'epoch'", "did you mean 'epochs'?"]),
+        ("optimizer: no\n", ["optimizer: no was read as False", "quote it: optimizer: 'no'"]),
+    ],
+    ids=["unknown-key", "unquoted-no"],
+)
+def test_yaml_config_errors_subprocess(tmp_path, text, needles):
+    config = tmp_path / "hp.yaml"
+    config.write_text(text)
+    line = run_bad(
+        "train.py", [*FAST, "--config", str(config), "--output-dir", str(tmp_path / "run")], [tmp_path], needles
+    )
+    assert str(config) in line
+
+
+@pytest.mark.parametrize(
+    "text,needles",
+    [
+        ("colour: red\n", ["unknown key 'colour'", "--help flags without '--'"]),
+        ("lr_schedule: off\n", ["lr_schedule: off was read as False", "quote it: lr_schedule: 'off'"]),
+        ("output_dir: 0001\n", ["output_dir: 0001 was read as 1", "quote it: output_dir: '0001'"]),
+        ("epochs: many\n", ["epochs must be a number, got 'many'"]),
+        ("epochs: 2.5\n", ["epochs must be an integer, got 2.5"]),
+        ("lr: [1]\n", ["lr must be a number, got [1]"]),
+        ("download: maybe\n", ["download must be true or false, got 'maybe'"]),
+        ("batch_size:\n", ["batch_size needs a value"]),
+        ("- lr: 0.1\n- epochs: 2\n", ["expected a mapping of key: value, got list"]),
+        ("lr: 0.1\n  epochs: 3\n", ["not valid YAML at line 2, column 9", "mapping values are not allowed", "quoting"]),
+        ("epochs: [1\n", ["not valid YAML at line 2", "key: value"]),
+    ],
+    ids=[
+        "unknown-key-no-suggestion",
+        "unquoted-off",
+        "leading-zeros",
+        "epochs-many",
+        "epochs-float",
+        "lr-list",
+        "bool-maybe",
+        "missing-value",
+        "not-a-mapping",
+        "bad-indent",
+        "unclosed-list",
+    ],
+)
+def test_yaml_config_errors_in_process(tmp_path, text, needles):
+    config = tmp_path / "hp.yaml"
+    config.write_text(text)
+    before = snapshot(tmp_path)
+    message = raises_user_error(lambda: parse_config(["--config", str(config)]), str(config), *needles)
+    assert message.startswith(f"--config {config}")
+    assert snapshot(tmp_path) == before
+
+
+def test_yaml_config_missing_or_binary_file(tmp_path):
+    raises_user_error(lambda: parse_config(["--config", str(tmp_path / "nope.yaml")]), "nope.yaml", "file not found")
+    binary = tmp_path / "weights.yaml"
+    binary.write_bytes(b"\x80\x02\x00\xff" * 16)
+    raises_user_error(lambda: parse_config(["--config", str(binary)]), str(binary), "UTF-8", "pass a YAML file")
+
+
+# ------------------------------------------------------------------ datasets
+
+
+def _corrupt_idx_magic(raw: Path) -> Path:
+    path = raw / "train-images-idx3-ubyte"
+    data = bytearray(path.read_bytes())
+    data[:4] = struct.pack(">I", 0x00000DEA)
+    path.write_bytes(bytes(data))
+    return path
+
+
+def _dataset_case(name: str, tmp: Path) -> tuple[list[str], list[str]]:
+    """(train.py args, needles) for the dataset case ``name``, its files written under ``tmp``."""
+    data = tmp / "data"
+    data.mkdir()
+    if name == "mnist-missing":
+        needles = ["mnist not found", str(data / "MNIST" / "raw"), "train-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]
+        return ["--dataset", "mnist", "--data-dir", str(data)], [*needles, "--download"]
+    if name == "mnist-corrupt-header":
+        bad = _corrupt_idx_magic(write_mnist_idx(data))
+        needles = [f"corrupt IDX header in {bad}", "magic 0x00000dea", "re-download with --download"]
+        return ["--dataset", "mnist", "--data-dir", str(data)], needles
+    if name == "imagefolder-empty":
+        (data / "images").mkdir()
+        needles = [f"empty folder: {data / 'images'}", "one subfolder per class"]
+        return ["--dataset", f"imagefolder:{data / 'images'}"], needles
+    if name == "imagefolder-one-class":
+        write_image_folder(data / "images", classes=("cats",), per_class=4)
+        needles = [str(data / "images"), "only one class ('cats')", "need at least 2 classes"]
+        return ["--dataset", f"imagefolder:{data / 'images'}"], needles
+    if name == "hf-missing-column":
+        write_hf_disk(data / "hf", n=12)
+        needles = ["label column 'kind' not found", "available columns: image, label", "--label-column"]
+        return ["--dataset", f"hf:{data / 'hf'}", "--label-column", "kind"], needles
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize(
+    "name", ["mnist-missing", "mnist-corrupt-header", "imagefolder-empty", "imagefolder-one-class", "hf-missing-column"]
+)
+def test_dataset_errors(tmp_path, name):
+    args, needles = _dataset_case(name, tmp_path)
+    run_bad("train.py", [*FAST, *args, "--output-dir", str(tmp_path / "run")], [tmp_path], needles)
+    if name == "mnist-missing":
+        assert list((tmp_path / "data").iterdir()) == []  # no MNIST/raw left behind under --data-dir
+
+
+# ------------------------------------------------------------------ checkpoints: train.py --resume
+
+
+def _half(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _not_a_checkpoint_needles(target: Path) -> list[str]:
+    return [f"--resume {str(target)!r}", "not a checkpoint folder (no progress.json)", "'auto'"]
+
+
+@pytest.mark.parametrize("kind", ["truncated-file", "empty-dir"])
+def test_resume_from_something_that_is_not_a_checkpoint(tmp_path, trained_run, kind):
+    if kind == "truncated-file":
+        target = tmp_path / "ckpt.safetensors"
+        shutil.copy(trained_run / "checkpoints" / "step_00000002" / "model.safetensors", target)
+        _half(target)
+    else:
+        target = tmp_path / "ckpt"
+        target.mkdir()
+    args = [*FAST, "--resume", str(target), "--output-dir", str(tmp_path / "run")]
+    run_bad("train.py", args, [tmp_path], _not_a_checkpoint_needles(target))
+
+
+def test_resume_from_a_folder_that_is_not_a_checkpoint_in_process(tmp_path):
+    from accel_train.checkpoint.state import resolve_resume
+
+    target = tmp_path / "notes"
+    target.mkdir()
+    (target / "README.txt").write_text("not a checkpoint\n")
+    before = snapshot(tmp_path)
+    raises_user_error(lambda: resolve_resume(str(target), tmp_path / "run"), *_not_a_checkpoint_needles(target))
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "damage,needles",
+    [
+        ("model.safetensors", ["a file in it is missing, truncated or corrupt", "SafetensorError"]),
+        ("random_states_0.pkl", ["random_states_0.pkl is truncated or corrupt"]),
+    ],
+    ids=["truncated-weights", "truncated-rng-state"],
+)
+def test_resume_from_a_damaged_checkpoint(tmp_path, trained_run, damage, needles):
+    ckpt = tmp_path / "step_00000002"
+    shutil.copytree(trained_run / "checkpoints" / "step_00000002", ckpt)
+    _half(ckpt / damage)
+    run_bad(
+        "train.py",
+        [*FAST, "--batch-size", "16", "--max-steps", "4", "--resume", str(ckpt), "--output-dir", str(tmp_path / "run")],
+        [tmp_path],
+        [str(ckpt), *needles, "start a new --output-dir"],
+    )
+
+
+def test_resume_from_a_checkpoint_with_truncated_progress_in_process(tmp_path, trained_run):
+    from accel_train.checkpoint.state import read_progress
+
+    ckpt = tmp_path / "step_00000002"
+    shutil.copytree(trained_run / "checkpoints" / "step_00000002", ckpt)
+    _half(ckpt / "progress.json")
+    before = snapshot(tmp_path)
+    needles = [f"cannot read {ckpt / 'progress.json'}", "the checkpoint is incomplete", "start a new --output-dir"]
+    raises_user_error(lambda: read_progress(ckpt), *needles)
+    assert snapshot(tmp_path) == before
+
+
+# ------------------------------------------------------------------ checkpoints: evaluate.py --weights
+
+
+class _Payload:
+    """Unpickling this creates ``marker``: proof that a loader executed code from the file."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _weights_case(name: str, tmp: Path) -> tuple[Path, list[str]]:
+    import torch
+
+    from accel_train.checkpoint.weights import export_weights
+    from accel_train.models import create_model
+
+    if name == "truncated-pt":
+        path = tmp / "model.pt"
+        torch.save(create_model("lenet").state_dict(), path)
+        _half(path)
+        return path, [f"cannot load {path}", "truncated or corrupt", "re-export or re-copy it"]
+    if name == "other-models-weights":
+        path = tmp / "export"
+        config = {"model": "lenet", "num_classes": 10, "in_channels": 1, "image_size": 28, "dataset": "digits"}
+        export_weights(create_model("mnist_cnn").state_dict(), path, config)
+        needles = [
+            f"weights from {path / 'model.safetensors'} do not fit LeNet",
+            "missing keys: net.0.weight",
+            "unexpected keys: classifier.",
+            "another model architecture",
+            "config says model=lenet",
+            f"make {path / 'config.json'} describe these weights",
+        ]
+        return path, needles
+    if name == "malicious-pt":
+        path = tmp / "evil.pt"
+        torch.save({"state_dict": create_model("lenet").state_dict(), "hook": _Payload(tmp / "PWNED")}, path)
+        return path, [f"refused to load {path}", "it references io.open", "if you TRUST its origin"]
+    if name == "malicious-raw-pickle":
+        path = tmp / "evil.pkl"
+        path.write_bytes(pickle.dumps({"weights": _Payload(tmp / "PWNED")}, protocol=4))
+        return path, [f"refused to load {path}", "needs arbitrary code", "convert it from trusted code"]
+    if name == "empty-dir":
+        path = tmp / "empty"
+        path.mkdir()
+        return path, [f"no weights file in {path}", "looked for model.safetensors"]
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize(
+    "name", ["truncated-pt", "other-models-weights", "malicious-pt", "malicious-raw-pickle", "empty-dir"]
+)
+def test_evaluate_bad_weights(tmp_path, name):
+    weights, needles = _weights_case(name, tmp_path)
+    out = tmp_path / "eval" / "report.json"
+    run_bad("evaluate.py", ["--weights", str(weights), "--out", str(out)], [tmp_path], needles)
+    assert not (tmp_path / "PWNED").exists()
+    assert not out.parent.exists()
+
+
+def test_the_malicious_payload_is_real(tmp_path):
+    """Guard for the two cases above: plain pickle DOES run the payload, so 'no marker' means refused."""
+    pickle.loads(pickle.dumps(_Payload(tmp_path / "ran")))
+    assert (tmp_path / "ran").exists()
+
+
+# ------------------------------------------------------------------ the output directory
+
+
+def test_output_dir_not_writable(tmp_path):
+    # tests run as root, for whom chmod does not stop writes: a path under a regular file fails for everyone
+    blocker = tmp_path / "somefile"
+    blocker.write_text("I am a file\n")
+    out = blocker / "run"
+    needles = [f"--output-dir {out} is not writable", f"inside {blocker}, which is a file", "choose another folder"]
+    run_bad("train.py", [*FAST, "--max-steps", "1", "--output-dir", str(out)], [tmp_path], needles)
+
+
+def test_output_dir_that_is_a_file_in_process(tmp_path):
+    from accel_train.loop import check_output_dir
+
+    blocker = tmp_path / "somefile"
+    blocker.write_text("I am a file\n")
+    before = snapshot(tmp_path)
+    cfg = parse_config(["--output-dir", str(blocker)])
+    raises_user_error(lambda: check_output_dir(cfg), f"--output-dir {blocker} is not writable (it is a file)")
+    assert snapshot(tmp_path) == before
+
+
+def test_output_dir_holding_another_run(tmp_path, trained_run):
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    base = [*FAST, "--max-steps", "3", "--batch-size", "8", "--output-dir", str(run)]
+    needles = [f"--output-dir {run} already holds a run", "config.yaml", "--resume auto", "--overwrite"]
+    run_bad("train.py", base, [tmp_path], needles)
+    # --overwrite with another bad input still leaves the old run untouched (inputs are checked first) ...
+    run_bad("train.py", [*base, "--overwrite", "--dataset", "nope"], [tmp_path], ["unknown dataset 'nope'"])
+    # ... and with good inputs it replaces the run
+    check(run_script("train.py", *base, "--overwrite", timeout=300))
+    assert summary(run)["global_step"] == 3 and summary(run)["micro_batch"] == 8
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000003"]

@@ -1,0 +1,254 @@
+"""Issue 7: restarts after SIGKILL, hang safety, non-finite loss, preemption, multi-node."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+from conftest import FAST, REPO, _env, check, launch_cmd, max_abs_diff, metrics, run_script, summary, weights
+
+FAULTY = "tests/fault_train.py"
+LENET = ["--model", "lenet", "--global-batch-size", "32", "--log-every", "1", *FAST]
+
+
+def _wait_for_step(run_dir, step, proc, timeout=180):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, "the run ended before the fault could be injected"
+        try:
+            if any(m["event"] == "train" and m["step"] >= step for m in metrics(run_dir)):
+                return
+        except (FileNotFoundError, json.JSONDecodeError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} never reached")
+
+
+def _children(pid):
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+@pytest.fixture(scope="module")
+def straight_2proc(tmp_path_factory):
+    """The uninterrupted 2-process reference run (30 steps, checkpoints every 4)."""
+    out = tmp_path_factory.mktemp("straight")
+    check(run_script("train.py", *LENET, "--max-steps", "30", "--output-dir", str(out), config="multi_cpu.yaml"))
+    return out
+
+
+@pytest.mark.parametrize("kill_step", [6, 13, 22])
+def test_sigkilled_worker_restarts_and_finishes_identically(tmp_path, straight_2proc, kill_step):
+    """accelerate launch --max_restarts + --resume auto: a worker killed with SIGKILL loses nothing."""
+    out = tmp_path / "run"
+    cmd = launch_cmd(
+        "train.py",
+        *LENET,
+        "--max-steps",
+        "30",
+        "--checkpoint-every",
+        "4",
+        "--resume",
+        "auto",
+        "--output-dir",
+        str(out),
+        config="multi_cpu.yaml",
+        launch_args=("--max_restarts", "2"),
+    )
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for_step(out, kill_step, proc)
+        workers = _children(proc.pid)
+        assert len(workers) == 2, workers
+        os.kill(workers[-1], signal.SIGKILL)
+        log, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, log[-5000:]
+    assert any(m["event"] == "resume" for m in metrics(out)), "the restarted workers did not resume"
+    assert summary(out)["global_step"] == 30
+    assert max_abs_diff(weights(straight_2proc), weights(out)) <= 1e-6
+
+
+def test_failing_rank_stops_every_rank_and_is_named(tmp_path):
+    out = tmp_path / "run"
+    t0 = time.time()
+    proc = run_script(
+        FAULTY,
+        *LENET,
+        "--model",
+        "crash_lenet",
+        "--max-steps",
+        "40",
+        "--dist-timeout",
+        "20",
+        "--output-dir",
+        str(out),
+        config="multi_cpu.yaml",
+        env={"FAULT_RANK": "1", "FAULT_CALL": "5"},
+        timeout=120,
+    )
+    elapsed = time.time() - t0
+    assert proc.returncode != 0
+    assert "[rank 1] error" in proc.stderr and "injected failure on rank 1" in proc.stderr
+    assert elapsed < 20 + 30, f"took {elapsed:.0f}s"
+    assert not (out / "summary.json").exists()
+
+
+def test_hung_rank_times_out_everywhere(tmp_path):
+    """A rank that hangs: the peer's collective fails after --dist-timeout and every process exits non-zero."""
+    out = tmp_path / "run"
+    t0 = time.time()
+    proc = run_script(
+        FAULTY,
+        *LENET,
+        "--model",
+        "hang_lenet",
+        "--max-steps",
+        "40",
+        "--dist-timeout",
+        "8",
+        "--output-dir",
+        str(out),
+        config="multi_cpu.yaml",
+        env={"FAULT_RANK": "1", "FAULT_CALL": "5"},
+        timeout=180,
+    )
+    elapsed = time.time() - t0
+    assert proc.returncode != 0
+    assert "[rank 0] error" in proc.stderr
+    # timeout 8 s + the 25 s grace the hung rank gets after the launcher's SIGTERM + start-up
+    assert elapsed < 8 + 25 + 30, f"took {elapsed:.0f}s"
+
+
+def test_nonfinite_loss_stops_with_own_exit_code_and_keeps_last_good_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    proc = run_script(
+        FAULTY,
+        *LENET,
+        "--model",
+        "nan_lenet",
+        "--max-steps",
+        "30",
+        "--checkpoint-every",
+        "5",
+        "--log-every",
+        "3",
+        "--keep-last",
+        "10",
+        "--output-dir",
+        str(out),
+        env={"FAULT_NAN_FROM": "12"},
+    )
+    assert proc.returncode == 3, proc.stderr
+    assert "training loss became nan by step 12" in proc.stderr
+    assert "--skip-nonfinite" in proc.stderr
+    names = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert names == ["step_00000005", "step_00000010"]  # nothing saved from the NaN state
+    last_good = weights(out / "checkpoints", "step_00000010")
+    assert all(v.isfinite().all() for v in last_good.values())
+
+
+def test_skip_nonfinite_skips_and_counts(tmp_path):
+    out = tmp_path / "run"
+    check(
+        run_script(
+            FAULTY,
+            *LENET,
+            "--model",
+            "nan_lenet",
+            "--max-steps",
+            "20",
+            "--skip-nonfinite",
+            "--output-dir",
+            str(out),
+            config="multi_cpu.yaml",
+            env={"FAULT_NAN_CALLS": "7,8"},
+        )
+    )
+    s = summary(out)
+    assert s["nonfinite_skipped"] == 2 and s["global_step"] == 20
+    assert all(v.isfinite().all() for v in weights(out).values())
+
+
+def test_sigterm_saves_at_step_boundary_and_resumes(tmp_path, straight_2proc):
+    """Preemption: SIGTERM to the launcher -> every rank checkpoints at the next step and exits; resume is exact."""
+    out = tmp_path / "run"
+    cmd = launch_cmd("train.py", *LENET, "--max-steps", "30", "--output-dir", str(out), config="multi_cpu.yaml")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for_step(out, 8, proc)
+        proc.send_signal(signal.SIGTERM)
+        log, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "received SIGTERM" in log, log[-3000:]
+    ckpts = sorted((out / "checkpoints").glob("step_*"))
+    assert ckpts, log[-3000:]
+    stopped_at = json.loads((ckpts[-1] / "progress.json").read_text())["state"]["global_step"]
+    assert 8 <= stopped_at < 30
+    check(
+        run_script(
+            "train.py",
+            *LENET,
+            "--max-steps",
+            "30",
+            "--resume",
+            "auto",
+            "--output-dir",
+            str(out),
+            config="multi_cpu.yaml",
+        )
+    )
+    assert max_abs_diff(weights(straight_2proc), weights(out)) <= 1e-6
+
+
+def test_sigint_single_process_stops_cleanly(tmp_path):
+    out = tmp_path / "run"
+    cmd = launch_cmd("train.py", *LENET, "--max-steps", "200", "--output-dir", str(out))
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _wait_for_step(out, 5, proc)
+    proc.send_signal(signal.SIGINT)
+    log, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, log[-3000:]
+    assert "received SIGINT" in log
+    check(run_script("train.py", *LENET, "--max-steps", "200", "--resume", "auto", "--output-dir", str(out)))
+    assert summary(out)["global_step"] == 200
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_machine_configs_train_together_like_multi_cpu(tmp_path, straight_2proc):
+    """multi_node_rank0.yaml + multi_node_rank1.yaml on 127.0.0.1: world size 2, same weights as multi_cpu.yaml."""
+    out = tmp_path / "run"
+    port = _free_port()
+    args = [*LENET, "--max-steps", "30", "--output-dir", str(out)]
+    procs = [
+        subprocess.Popen(
+            launch_cmd(
+                "train.py", *args, config=f"multi_node_rank{r}.yaml", launch_args=("--main_process_port", str(port))
+            ),
+            cwd=REPO,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(log[-3000:] for log in logs)
+    s = summary(out)
+    assert s["world_size"] == 2 and s["global_step"] == 30
+    assert max_abs_diff(weights(straight_2proc), weights(out)) <= 1e-6
