@@ -233,7 +233,9 @@ def test_two_machine_configs_train_together_like_multi_cpu(tmp_path, straight_2p
     """multi_node_rank0.yaml + multi_node_rank1.yaml on 127.0.0.1: world size 2, same weights as multi_cpu.yaml."""
     out = tmp_path / "run"
     port = _free_port()
-    args = [*LENET, "--max-steps", "30", "--output-dir", str(out)]
+    # --threads 1: each "machine" has one local process and would otherwise use both cores, which changes
+    # the float summation order compared with multi_cpu.yaml's 1 thread per rank
+    args = [*LENET, "--max-steps", "30", "--threads", "1", "--output-dir", str(out)]
     procs = [
         subprocess.Popen(
             launch_cmd(

@@ -1,0 +1,181 @@
+#!/usr/bin/env python
+"""Soak checks for the multi-process paths (maintainers; too slow for CI).
+
+    python scripts/soak.py exits --trials 20      # N consecutive 2-process gloo runs must all exit 0
+    python scripts/soak.py restarts --trials 20   # SIGKILL a worker at a random step under --max_restarts;
+                                                  # the finished weights must equal an uninterrupted run
+
+Prints one line per trial and a final 'N passed, N failed' line; writes --out JSON.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path[0] = str(Path(__file__).resolve().parents[1])  # repo root instead of scripts/ (which holds evaluate.py)
+
+from accel_train.cli import ArgumentParser, run_main  # noqa: E402 (light: no torch)
+
+REPO = Path(__file__).resolve().parents[1]
+COMMON = [
+    "--model",
+    "lenet",
+    "--global-batch-size",
+    "32",
+    "--log-every",
+    "1",
+    "--report-to",
+    "none",
+    "--no-plots",
+    "--no-progress",
+]
+
+
+def _launch(args, config="multi_cpu.yaml", launch_args=()):
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.accelerate_cli",
+        "launch",
+        "--config_file",
+        str(REPO / "accelerate_configs" / config),
+        *launch_args,
+        str(REPO / "scripts" / "train.py"),
+        *args,
+    ]
+
+
+def _max_diff(a_dir: Path, b_dir: Path) -> float:
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(a_dir / "model" / "model.safetensors")), load_file(str(b_dir / "model" / "model.safetensors"))
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def soak_exits(trials: int, work: Path, steps: int) -> list[dict]:
+    import subprocess
+
+    results = []
+    for i in range(trials):
+        out = work / f"exit_{i}"
+        proc = subprocess.run(
+            _launch([*COMMON, "--max-steps", str(steps), "--output-dir", str(out)]),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
+        aborted = "terminate called" in proc.stderr or "SIGABRT" in proc.stderr or "exitcode: -6" in proc.stderr
+        results.append({"trial": i, "ok": proc.returncode == 0, "returncode": proc.returncode, "sigabrt": aborted})
+        print(f"trial {i}: exit {proc.returncode}{' (SIGABRT seen)' if aborted else ''}", flush=True)
+    return results
+
+
+def _wait_step(metrics: Path, step: int, proc, timeout: float = 300) -> bool:
+    import json
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            for line in metrics.read_text().splitlines():
+                record = json.loads(line)
+                if record["event"] == "train" and record["step"] >= step:
+                    return True
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.02)
+    return False
+
+
+def soak_restarts(trials: int, work: Path, steps: int, seed: int) -> list[dict]:
+    import os
+    import random
+    import signal
+    import subprocess
+
+    ref = work / "reference"
+    subprocess.run(
+        _launch([*COMMON, "--max-steps", str(steps), "--output-dir", str(ref)]),
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
+    rng = random.Random(seed)
+    results = []
+    for i in range(trials):
+        out = work / f"restart_{i}"
+        kill_step = rng.randint(2, steps - 2)
+        args = [
+            *COMMON,
+            "--max-steps",
+            str(steps),
+            "--checkpoint-every",
+            "4",
+            "--resume",
+            "auto",
+            "--output-dir",
+            str(out),
+        ]
+        proc = subprocess.Popen(
+            _launch(args, launch_args=("--max_restarts", "3")),
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        killed = None
+        if _wait_step(out / "metrics.jsonl", kill_step, proc):
+            kids = subprocess.run(
+                ["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True
+            ).stdout.split()
+            if kids:
+                killed = int(rng.choice(kids))
+                os.kill(killed, signal.SIGKILL)
+        rc = proc.wait(timeout=600)
+        diff = _max_diff(ref, out) if rc == 0 else None
+        identical = diff == 0.0
+        results.append(
+            {
+                "trial": i,
+                "kill_step": kill_step,
+                "killed_pid": killed,
+                "returncode": rc,
+                "max_abs_diff": diff,
+                "identical": identical,
+                "ok": rc == 0 and diff is not None and diff <= 1e-6,
+            }
+        )
+        print(f"trial {i}: killed a worker at step >= {kill_step}: exit {rc}, max |dw| {diff}", flush=True)
+    return results
+
+
+def main(argv=None):
+    parser = ArgumentParser(description="Soak checks for multi-process runs.")
+    parser.add_argument("mode", choices=("exits", "restarts"))
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=24, help="optimizer steps per run (default: 24)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for the kill steps (default: 0)")
+    parser.add_argument("--work", default="runs/soak", help="scratch folder (default: runs/soak)")
+    parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--debug", action="store_true")
+    args = parser.parse_args(argv)
+
+    import json
+    import shutil
+
+    work = Path(args.work)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    if args.mode == "exits":
+        results = soak_exits(args.trials, work, args.steps)
+    else:
+        results = soak_restarts(args.trials, work, args.steps, args.seed)
+    passed = sum(r["ok"] for r in results)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"mode": args.mode, "results": results}, indent=2))
+    if args.mode == "restarts":
+        print(f"{sum(bool(r['identical']) for r in results)}/{len(results)} bitwise identical to the reference")
+    print(f"{passed} passed, {len(results) - passed} failed")
+    return 0 if passed == len(results) else 1
+
+
+if __name__ == "__main__":
+    run_main(main)
