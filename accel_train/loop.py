@@ -367,10 +367,11 @@ def fit(cfg: TrainConfig) -> dict[str, Any]:
     acc.gradient_accumulation_steps = plan.accum_steps
     lr = cfg.lr * plan.global_batch / cfg.batch_size if cfg.scale_lr else cfg.lr
 
-    torch.manual_seed(cfg.seed)  # identical init on every rank and setup
     from accelerate.utils import set_seed
 
-    set_seed(cfg.seed)
+    set_seed(cfg.seed)  # identical init on every rank and setup
+    if hasattr(splits.train, "augment_seed"):
+        splits.train.augment_seed = cfg.seed
     model = create_model(cfg.model, info.num_classes, info.in_channels, info.image_size)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -385,7 +386,7 @@ def fit(cfg: TrainConfig) -> dict[str, Any]:
         shuffle=True,
         seed=cfg.seed,
         drop_to_multiple_of=plan.global_batch,
-        num_workers=cfg.num_workers,
+        num_workers=0 if splits.in_memory else cfg.num_workers,  # in-memory batches are one index op
         pin_memory=pin,
     )
     eval_dl = make_loader(
@@ -393,7 +394,7 @@ def fit(cfg: TrainConfig) -> dict[str, Any]:
         cfg.eval_batch_size or 2 * plan.micro_batch,
         shuffle=False,
         seed=cfg.seed,
-        num_workers=cfg.num_workers,
+        num_workers=0 if splits.in_memory else cfg.num_workers,
         pin_memory=pin,
     )
     model, optimizer, train_dl, eval_dl = acc.prepare(model, optimizer, train_dl, eval_dl)

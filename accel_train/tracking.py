@@ -90,8 +90,13 @@ class RunLogger:
     def event(self, event: str, step: int, epoch: int, **values: Any) -> None:
         if not self.is_main:
             return
-        record = {"event": event, "step": step, "epoch": epoch, **values,
-                  "time_s": round(time.perf_counter() - self._t0, 3)}  # seconds since the run's logger started
+        record = {
+            "event": event,
+            "step": step,
+            "epoch": epoch,
+            **values,
+            "time_s": round(time.perf_counter() - self._t0, 3),
+        }  # seconds since the run's logger started
         with open(self.path, "a") as fh:
             fh.write(json.dumps(record) + "\n")
 

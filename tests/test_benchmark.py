@@ -99,13 +99,23 @@ def _fabricated_report() -> dict:
         ),
     ]
     variants = [
-        {"name": n, "step_ms": ms, "forward_backward_ms": ms - 5, "optimizer_ms": 5.0, "speedup_vs_fp32": 300.0 / ms}
+        {
+            "name": n,
+            "bf16": n.startswith("bf16"),
+            "channels_last": "channels_last" in n,
+            "fused": "fused" in n,
+            "step_ms": ms,
+            "forward_backward_ms": ms - 5,
+            "optimizer_ms": 5.0,
+            "speedup_vs_fp32": 300.0 / ms,
+        }
         for n, ms in (
             ("fp32", 300.0),
             ("bf16", 350.0),
             ("fp32+channels_last", 280.0),
             ("bf16+channels_last", 330.0),
             ("fp32+fused_adam", 200.0),
+            ("bf16+channels_last+fused_adam", 210.0),  # beats fp32, not fp32+fused_adam: no bf16 win
         )
     ]
     profile = {
@@ -200,3 +210,15 @@ def test_window_rates_and_display_command():
     shown = bench._display_command(cmd)
     assert shown.startswith("accelerate launch --config_file accelerate_configs/multi_cpu.yaml scripts/train.py ")
     assert "--global-batch-size 32" in shown and "--output-dir OUT" in shown
+
+
+def test_metrics_events_carry_seconds_since_the_run_started(tmp_path):
+    from types import SimpleNamespace
+
+    from accel_train.tracking import RunLogger
+
+    logger = RunLogger(SimpleNamespace(is_main_process=True), tmp_path, 1, 0, progress=False, use_trackers=False)
+    logger.event("eval", 5, 0, eval_accuracy=0.5)
+    record = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert record["event"] == "eval" and record["eval_accuracy"] == 0.5
+    assert 0 <= record["time_s"] < 60

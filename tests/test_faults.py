@@ -212,15 +212,15 @@ def test_sigterm_saves_at_step_boundary_and_resumes(tmp_path, straight_2proc):
 
 def test_sigint_single_process_stops_cleanly(tmp_path):
     out = tmp_path / "run"
-    cmd = launch_cmd("train.py", *LENET, "--max-steps", "200", "--output-dir", str(out))
+    cmd = launch_cmd("train.py", *LENET, "--max-steps", "60", "--output-dir", str(out))
     proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     _wait_for_step(out, 5, proc)
     proc.send_signal(signal.SIGINT)
     log, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, log[-3000:]
     assert "received SIGINT" in log
-    check(run_script("train.py", *LENET, "--max-steps", "200", "--resume", "auto", "--output-dir", str(out)))
-    assert summary(out)["global_step"] == 200
+    check(run_script("train.py", *LENET, "--max-steps", "60", "--resume", "auto", "--output-dir", str(out)))
+    assert summary(out)["global_step"] == 60
 
 
 def _free_port() -> int:

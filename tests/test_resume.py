@@ -29,20 +29,21 @@ def _train_series(run_dir):
 
 def test_exact_resume_one_process_is_bitwise(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    # 1437 train samples / 16 = 89 steps per epoch: N=50 stops mid-epoch and 2N crosses an epoch boundary
-    check(run_script("train.py", *CNN, "--max-steps", "100", "--output-dir", str(straight)))
+    # 256 samples / 16 = 16 steps per epoch: N=20 stops mid-epoch and 2N crosses two epoch boundaries
+    data = ["--dataset", "synthetic", "--synthetic-size", "256", "--synthetic-test-size", "64"]
+    check(run_script("train.py", *CNN, *data, "--max-steps", "40", "--output-dir", str(straight)))
     proc = check(
-        run_script("train.py", *CNN, "--max-steps", "100", "--stop-at-step", "50", "--output-dir", str(resumed))
+        run_script("train.py", *CNN, *data, "--max-steps", "40", "--stop-at-step", "20", "--output-dir", str(resumed))
     )
-    assert "stopped at step 50" in proc.stdout
+    assert "stopped at step 20" in proc.stdout
     assert not (resumed / "summary.json").exists()
-    check(run_script("train.py", *CNN, "--max-steps", "100", "--resume", "auto", "--output-dir", str(resumed)))
+    check(run_script("train.py", *CNN, *data, "--max-steps", "40", "--resume", "auto", "--output-dir", str(resumed)))
     a, b = weights(straight), weights(resumed)
     assert all((a[k] == b[k]).all() for k in a), f"max diff {max_abs_diff(a, b)}"
     sa, sb = _train_series(straight), _train_series(resumed)
-    after = [k for k in sa if k[1] > 50]
+    after = [k for k in sa if k[1] > 20]
     assert after and all(sa[k] == sb[k] for k in after)
-    assert summary(resumed)["samples_seen"] == summary(straight)["samples_seen"] == 100 * 16
+    assert summary(resumed)["samples_seen"] == summary(straight)["samples_seen"] == 40 * 16
 
 
 def test_exact_resume_two_processes(tmp_path):
@@ -106,8 +107,10 @@ def test_kill_during_save_keeps_resume_working(tmp_path):
         "mnist_cnn",
         "--image-size",
         "28",
+        "--dataset",
+        "synthetic",
         "--max-steps",
-        "40",
+        "30",
         "--checkpoint-every",
         "5",
         "--no-checkpoint-epochs",
@@ -139,8 +142,8 @@ def test_kill_during_save_keeps_resume_working(tmp_path):
             proc.kill()
         proc.wait()
     assert killed_partial, "never caught the process in the middle of a save"
-    check(run_script("train.py", *args, "--resume", "auto", "--max-steps", "42"))
-    assert summary(out)["global_step"] == 42
+    check(run_script("train.py", *args, "--resume", "auto", "--max-steps", "32"))
+    assert summary(out)["global_step"] == 32
     assert not list(ckpts.glob(".tmp-*"))  # the next save cleaned the partial folder
 
 

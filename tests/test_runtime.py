@@ -157,3 +157,24 @@ def test_real_data_parallel_and_ddp_agree(tmp_path):
     )
     assert summary(tmp_path / "dp")["data_parallel"] is True
     assert max_abs_diff(weights(tmp_path / "dp"), weights(tmp_path / "ddp")) <= 1e-4
+
+
+def test_augmentation_depends_on_seed_epoch_and_index_only():
+    """Per-sample crops/flips are the same whatever ran before (other batches, dropout, a resume)."""
+    from torchvision.transforms import v2
+
+    from accel_train.data.base import TensorImageDataset
+
+    images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
+    ds = TensorImageDataset(
+        images, torch.arange(8), transform=v2.Compose([v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip()])
+    )
+    ds.augment_seed, state = 7, torch.get_rng_state()
+    first = ds.__getitems__([1, 2, 3])[0]
+    assert torch.equal(torch.get_rng_state(), state)  # the global RNG is untouched
+    torch.rand(100)
+    ds.__getitems__([5, 6])  # other batches in between (skipped on a resume) change nothing
+    assert torch.equal(ds.__getitems__([1, 2, 3])[0], first)
+    assert torch.equal(ds[2][0], first[1])  # per-sample and batched paths agree
+    ds.set_epoch(1)
+    assert not torch.equal(ds.__getitems__([1, 2, 3])[0], first)  # a new epoch, new crops

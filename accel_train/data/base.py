@@ -64,7 +64,10 @@ class TensorImageDataset(Dataset):
     instead of ``batch_size`` Python calls (airbench-style), while the sampler
     and Accelerate's sharding keep working unchanged.
     ``transform`` (optional) is applied per sample on uint8 tensors, for
-    augmentations whose parameters must differ between samples.
+    augmentations whose parameters must differ between samples. Its randomness
+    is drawn from ``(augment_seed, epoch, index)`` alone, so augmented batches
+    are the same on any number of processes and after a mid-epoch resume
+    (accelerate calls ``set_epoch`` on the dataset each epoch).
     """
 
     def __init__(
@@ -80,6 +83,16 @@ class TensorImageDataset(Dataset):
         self.images = images.contiguous()
         self.labels = labels.to(torch.int64)
         self.transform = transform
+        self.augment_seed = 0
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _augment(self, image: torch.Tensor, index: int) -> torch.Tensor:
+        with torch.random.fork_rng(devices=[]):  # leaves the global RNG (dropout, init) untouched
+            torch.manual_seed(((self.augment_seed * 1_000_003 + self.epoch) * 10_000_019 + index) % (2**63))
+            return self.transform(image)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -87,14 +100,14 @@ class TensorImageDataset(Dataset):
     def __getitem__(self, index: int):
         image = self.images[index]
         if self.transform is not None:
-            image = self.transform(image)
+            image = self._augment(image, int(index))
         return image, int(self.labels[index])
 
     def __getitems__(self, indices: Sequence[int]):
         idx = torch.as_tensor(indices, dtype=torch.long)
         images = self.images.index_select(0, idx)
         if self.transform is not None:
-            images = torch.stack([self.transform(img) for img in images])
+            images = torch.stack([self._augment(img, int(i)) for img, i in zip(images, indices, strict=True)])
         return images, self.labels.index_select(0, idx)
 
 
