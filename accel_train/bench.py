@@ -1643,7 +1643,7 @@ def _ddp_findings(report: dict[str, Any]) -> list[str]:
             text += f" (1 process, 2 threads: {base['step_breakdown_ms']['total']:.1f} ms)"
         if r.get("scalar_allreduce_ms") is not None:
             text += (
-                f"; one scalar all-reduce costs {r['scalar_allreduce_ms']:.2f} ms (the loop does one per step "
+                f"; one scalar all-reduce costs {r['scalar_allreduce_ms']:.2f} ms (the loop does one every 10 steps "
                 "to agree on stop signals)"
             )
         lines.append(text + ".")

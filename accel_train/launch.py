@@ -54,3 +54,30 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     )
     env.update(extra or {})
     return env
+
+
+def wait_for_step(run_dir: str | os.PathLike, step: int, proc, timeout: float = 300) -> bool:
+    """Poll ``run_dir/metrics.jsonl`` until a train event at ``step`` or later; False if ``proc`` ended first."""
+    import json
+    import time
+
+    path = Path(run_dir) / "metrics.jsonl"
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            for line in path.read_text().splitlines():
+                record = json.loads(line)
+                if record["event"] == "train" and record["step"] >= step:
+                    return True
+        except (OSError, ValueError):
+            pass  # not written yet, or a line being written
+        time.sleep(0.02)
+    return False
+
+
+def child_pids(pid: int) -> list[int]:
+    """Direct children of ``pid`` (the ranks started by an ``accelerate launch`` process)."""
+    import subprocess
+
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]

@@ -61,28 +61,13 @@ def soak_exits(trials: int, work: Path, steps: int) -> list[dict]:
     return results
 
 
-def _wait_step(metrics: Path, step: int, proc, timeout: float = 300) -> bool:
-    import json
-    import time
-
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        try:
-            for line in metrics.read_text().splitlines():
-                record = json.loads(line)
-                if record["event"] == "train" and record["step"] >= step:
-                    return True
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.02)
-    return False
-
-
 def soak_restarts(trials: int, work: Path, steps: int, seed: int) -> list[dict]:
     import os
     import random
     import signal
     import subprocess
+
+    from accel_train.launch import child_pids, wait_for_step
 
     ref = work / "reference"
     subprocess.run(
@@ -114,10 +99,8 @@ def soak_restarts(trials: int, work: Path, steps: int, seed: int) -> list[dict]:
             stderr=subprocess.DEVNULL,
         )
         killed = None
-        if _wait_step(out / "metrics.jsonl", kill_step, proc):
-            kids = subprocess.run(
-                ["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True
-            ).stdout.split()
+        if wait_for_step(out, kill_step, proc):
+            kids = child_pids(proc.pid)
             if kids:
                 killed = int(rng.choice(kids))
                 os.kill(killed, signal.SIGKILL)

@@ -12,26 +12,14 @@ import time
 import pytest
 from conftest import FAST, REPO, _env, check, launch_cmd, max_abs_diff, metrics, run_script, summary, weights
 
+from accel_train.launch import child_pids, wait_for_step
+
 FAULTY = "tests/fault_train.py"
 LENET = ["--model", "lenet", "--global-batch-size", "32", "--log-every", "1", *FAST]
 
 
 def _wait_for_step(run_dir, step, proc, timeout=180):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        assert proc.poll() is None, "the run ended before the fault could be injected"
-        try:
-            if any(m["event"] == "train" and m["step"] >= step for m in metrics(run_dir)):
-                return
-        except (FileNotFoundError, json.JSONDecodeError):
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"step {step} never reached")
-
-
-def _children(pid):
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
+    assert wait_for_step(run_dir, step, proc, timeout), f"step {step} never reached before the run ended"
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +51,7 @@ def test_sigkilled_worker_restarts_and_finishes_identically(tmp_path, straight_2
     proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait_for_step(out, kill_step, proc)
-        workers = _children(proc.pid)
+        workers = child_pids(proc.pid)
         assert len(workers) == 2, workers
         os.kill(workers[-1], signal.SIGKILL)
         log, _ = proc.communicate(timeout=300)
