@@ -53,7 +53,6 @@ class StepTimer:
     data_wait: float = 0.0
     total: float = 0.0
     samples: int = 0
-    start: float | None = None
 
     def fraction(self) -> float:
         return self.data_wait / self.total if self.total > 0 else 0.0
@@ -82,6 +81,7 @@ class Context:
     window: Window | None = None
     stop_signal: int | None = None
     last_saved: tuple[int, int] | None = None
+    last_eval_step: int | None = None
 
 
 class StopTraining(Exception):
@@ -291,6 +291,7 @@ def train_one_epoch(ctx: Context, state: TrainState) -> None:
 def _log_eval(ctx: Context, state: TrainState, result: dict[str, Any]) -> None:
     values = {k: v for k, v in result.items() if k != "confusion"}
     ctx.logger.log("eval", state.global_step, state.epoch, values)
+    ctx.last_eval_step = state.global_step
     if state.best_metric is None or result["eval_accuracy"] > state.best_metric:
         state.best_metric, state.best_step = result["eval_accuracy"], state.global_step
         export_model(ctx, Path(ctx.cfg.output_dir) / "best")
@@ -504,15 +505,13 @@ def fit(cfg: TrainConfig) -> dict[str, Any]:
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     stopped = None
-    last_eval: dict[str, Any] | None = None
     try:
         while state.global_step < total_steps and state.epoch < epochs:
             train_one_epoch(ctx, state)
             if state.step_in_epoch >= steps_per_epoch:  # the epoch is complete
                 state.epoch += 1
                 state.step_in_epoch = 0
-                last_eval = evaluate(ctx)
-                _log_eval(ctx, state, last_eval)
+                _log_eval(ctx, state, evaluate(ctx))
                 logger.event("epoch", state.global_step, state.epoch)
                 if cfg.checkpoint_epochs:
                     _checkpoint(ctx, state)
@@ -539,11 +538,7 @@ def fit(cfg: TrainConfig) -> dict[str, Any]:
         return summary
 
     final = evaluate(ctx, with_confusion=True)
-    if (
-        last_eval is None
-        or last_eval["eval_samples"] != final["eval_samples"]
-        or last_eval["eval_accuracy"] != final["eval_accuracy"]
-    ):
+    if ctx.last_eval_step != state.global_step:  # else the epoch-end eval at this step is already logged
         _log_eval(ctx, state, final)
     export_model(ctx, Path(cfg.output_dir) / "model")
     timer = ctx.timer
