@@ -25,6 +25,18 @@ def _rank_prefix() -> str:
     return f"[rank {os.environ.get('RANK', '0')}] " if world > 1 else ""
 
 
+ERROR_LINE_LIMIT = 2000  # characters of the one-line error a script prints
+
+
+def _error_line(line: str, limit: int = ERROR_LINE_LIMIT) -> str:
+    """``line`` on one line of at most ``limit`` characters; the rest is named, and --debug shows it all."""
+    line = " ".join(line.splitlines())
+    if len(line) <= limit:
+        return line
+    keep = limit - 90  # room for the suffix
+    return f"{line[:keep]} … ({len(line) - keep:,} more characters; rerun with --debug for the full text)"
+
+
 def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None) -> None:
     """Run ``main(argv)`` and exit: user errors print one line (exit 2), ``--debug`` shows tracebacks.
 
@@ -38,7 +50,7 @@ def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
     except AccelTrainError as exc:
         if debug:
             traceback.print_exc()
-        print(f"{_rank_prefix()}error: {exc}", file=sys.stderr, flush=True)
+        print(_error_line(f"{_rank_prefix()}error: {exc}"), file=sys.stderr, flush=True)
         code = exc.exit_code
     except KeyboardInterrupt:
         print(f"{_rank_prefix()}interrupted", file=sys.stderr, flush=True)

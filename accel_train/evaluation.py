@@ -1,4 +1,5 @@
-"""Evaluate exported weights or a checkpoint on a dataset, on any accelerate setup."""
+"""Exact evaluation on any accelerate setup: the loop's ``evaluate_model`` and the ``run_evaluation`` of
+exported weights or a checkpoint that ``accel-evaluate`` / ``scripts/eval.py`` runs."""
 
 from __future__ import annotations
 
@@ -7,8 +8,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.nn.functional as F
+from torch import nn
+
 from accel_train.config import TrainConfig
+from accel_train.data.pipeline import BatchNormalizer
 from accel_train.errors import UserError
+from accel_train.metrics import confusion_matrix
 
 
 def run_evaluation(
@@ -27,7 +34,6 @@ def run_evaluation(
     from accel_train.checkpoint.weights import load_model
     from accel_train.data import build_dataset
     from accel_train.data.pipeline import BatchNormalizer, make_loader
-    from accel_train.loop import evaluate_model
     from accel_train.metrics import load_metric
     from accel_train.runtime import build_runtime
 
@@ -85,3 +91,35 @@ def run_evaluation(
             plot_confusion_matrix(confusion.numpy(), [str(n) for n in names], confusion_png, title=f"{dataset}")
     rt.end()
     return report if rt.is_main else None
+
+
+def evaluate_model(
+    acc, model: nn.Module, loader, normalizer: BatchNormalizer, metric, num_classes: int, with_confusion: bool = False
+) -> dict[str, Any]:
+    """Exact evaluation: ``gather_for_metrics`` drops the samples padded for even sharding."""
+    was_training = model.training
+    model.eval()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=acc.device)
+    preds_all, refs_all = [], []
+    with torch.no_grad():
+        for images, labels in loader:
+            with acc.autocast():
+                logits = model(normalizer(images))
+            losses = F.cross_entropy(logits.float(), labels, reduction="none")
+            preds = logits.argmax(dim=1)
+            preds, labels, losses = acc.gather_for_metrics((preds, labels, losses))
+            loss_sum += losses.double().sum()
+            preds_all.append(preds.cpu())
+            refs_all.append(labels.cpu())
+    model.train(was_training)
+    preds, refs = torch.cat(preds_all), torch.cat(refs_all)
+    metric.add_batch(predictions=preds.tolist(), references=refs.tolist())
+    n = len(refs)
+    out: dict[str, Any] = {
+        "eval_loss": loss_sum.item() / max(n, 1),
+        "eval_accuracy": metric.compute()["accuracy"],
+        "eval_samples": n,
+    }
+    if with_confusion:
+        out["confusion"] = confusion_matrix(preds, refs, num_classes)
+    return out

@@ -6,10 +6,8 @@ decide whether it runs on one CPU, one GPU, DataParallel, DDP or many machines.
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -27,35 +25,27 @@ from accel_train.checkpoint.state import (
     TrainState,
     install_unwrapped_weight_hooks,
     load_checkpoint,
+    read_progress,
     resolve_resume,
     save_checkpoint,
 )
 from accel_train.config import TrainConfig, save_config
 from accel_train.data import build_dataset
 from accel_train.data.pipeline import BatchNormalizer, BatchPlan, make_loader, plan_batches
-from accel_train.errors import NonFiniteLossError, UserError
-from accel_train.metrics import confusion_matrix, load_metric
+from accel_train.errors import CheckpointError, NonFiniteLossError
+from accel_train.evaluation import evaluate_model
+from accel_train.fsio import write_json_atomic, writing
+from accel_train.meters import StepTimer, Window
+from accel_train.metrics import load_metric
 from accel_train.models import check_model_name, create_model
+from accel_train.run_dir import CONFIG, CONFUSION_JSON, CONFUSION_PNG, SUMMARY, RunDir
 from accel_train.runtime import Runtime, build_runtime
 from accel_train.schedule import ScheduleFn
 from accel_train.tracking import RunLogger, trackers_for
 
-RUN_MARKERS = ("config.yaml", "metrics.jsonl", "summary.json", CHECKPOINT_DIR)
 SIGNAL_VOTE_EVERY = 10  # steps between the ranks' votes on SIGTERM/SIGINT
 PREEMPT_GRACE_S = 25.0  # torchrun and Slurm send SIGKILL ~30 s after SIGTERM
 WARMUP_STEPS_EXCLUDED = 5  # steady-state throughput ignores the first steps (allocation, caches)
-
-
-@dataclass
-class StepTimer:
-    """Host-side time split: waiting for data vs everything else (no device syncs)."""
-
-    data_wait: float = 0.0
-    total: float = 0.0
-    samples: int = 0
-
-    def fraction(self) -> float:
-        return self.data_wait / self.total if self.total > 0 else 0.0
 
 
 @dataclass
@@ -77,11 +67,14 @@ class Context:
     logger: RunLogger
     meta: dict[str, Any]
     metric: Any
+    run_dir: RunDir
+    resume_path: Path | None = None
     timer: StepTimer = field(default_factory=StepTimer)
     window: Window | None = None
     stop_signal: int | None = None
     last_saved: tuple[int, int] | None = None
     last_eval_step: int | None = None
+    saves: int = 0  # checkpoints this run (attempt) has saved
 
 
 class StopTraining(Exception):
@@ -108,44 +101,24 @@ def evaluate(ctx: Context, with_confusion: bool = False) -> dict[str, Any]:
     )
 
 
-def evaluate_model(
-    acc, model: nn.Module, loader, normalizer: BatchNormalizer, metric, num_classes: int, with_confusion: bool = False
-) -> dict[str, Any]:
-    """Exact evaluation: ``gather_for_metrics`` drops the samples padded for even sharding."""
-    was_training = model.training
-    model.eval()
-    loss_sum = torch.zeros((), dtype=torch.float64, device=acc.device)
-    preds_all, refs_all = [], []
-    with torch.no_grad():
-        for images, labels in loader:
-            with acc.autocast():
-                logits = model(normalizer(images))
-            losses = F.cross_entropy(logits.float(), labels, reduction="none")
-            preds = logits.argmax(dim=1)
-            preds, labels, losses = acc.gather_for_metrics((preds, labels, losses))
-            loss_sum += losses.double().sum()
-            preds_all.append(preds.cpu())
-            refs_all.append(labels.cpu())
-    model.train(was_training)
-    preds, refs = torch.cat(preds_all), torch.cat(refs_all)
-    metric.add_batch(predictions=preds.tolist(), references=refs.tolist())
-    n = len(refs)
-    out: dict[str, Any] = {
-        "eval_loss": loss_sum.item() / max(n, 1),
-        "eval_accuracy": metric.compute()["accuracy"],
-        "eval_samples": n,
-    }
-    if with_confusion:
-        out["confusion"] = confusion_matrix(preds, refs, num_classes)
-    return out
-
-
 def _checkpoint(ctx: Context, state: TrainState) -> None:
     position = (state.global_step, state.epoch)
     if ctx.last_saved == position:  # e.g. --checkpoint-every fired on the step we stop at
         return
     state.extra["log_window"] = ctx.window.reduce(ctx.rt.accelerator)
-    path = save_checkpoint(ctx.rt.accelerator, ctx.cfg.output_dir, state, ctx.meta, ctx.cfg.keep_last)
+    path = save_checkpoint(
+        ctx.rt.accelerator,
+        ctx.cfg.output_dir,
+        state,
+        ctx.meta,
+        ctx.cfg.keep_last,
+        scheduler_state=ctx.scheduler.state_dict(),
+        # the checkpoint this run resumed from stays until the run has saved --keep-last of its own
+        protect=ctx.resume_path if ctx.saves + 1 < ctx.cfg.keep_last else None,
+    )
+    ctx.saves += 1
+    if ctx.rt.is_main:
+        ctx.run_dir.commit_replace()  # the new run now has something worth keeping
     ctx.last_saved = position
     ctx.logger.event("checkpoint", state.global_step, state.epoch, path=str(path))
 
@@ -166,35 +139,6 @@ def _stop_requested(ctx: Context, state: TrainState) -> str | None:
             return None
         flag = int(acc.reduce(torch.tensor([flag], device=acc.device), reduction="max").item())
     return f"received {signal.Signals(flag).name}" if flag else None
-
-
-class Window:
-    """Train loss/accuracy summed on the device between two log steps: no host sync per step.
-
-    The reduced sums travel inside checkpoints, so the logged values after a
-    resume equal those of an uninterrupted run.
-    """
-
-    def __init__(self, device: torch.device):
-        self.sums = torch.zeros(3, device=device, dtype=torch.float64)  # loss*n, correct, n
-
-    def add(self, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, finite_only: bool) -> None:
-        n = labels.shape[0]
-        loss = loss.detach().double()
-        ok = torch.isfinite(loss).double() if finite_only else torch.ones((), dtype=torch.float64, device=loss.device)
-        if finite_only:  # a skipped non-finite step must not poison the logged average
-            loss = torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
-        correct = (logits.detach().argmax(dim=1) == labels).sum().double()
-        self.sums += torch.stack([loss * n * ok, correct * ok, n * ok])
-
-    def reduce(self, acc) -> list[float]:
-        """Global sums over all ranks (collective)."""
-        return acc.reduce(self.sums.clone(), reduction="sum").tolist()
-
-    def restore(self, sums: list[float] | None, is_main: bool) -> None:
-        self.sums.zero_()
-        if sums and is_main:  # the global sums live on one rank; the reduce adds the others' zeros
-            self.sums += torch.tensor(sums, dtype=torch.float64, device=self.sums.device)
 
 
 def _check_finite(ctx: Context, state: TrainState, loss_sum: float) -> None:
@@ -306,46 +250,30 @@ def export_model(ctx: Context, out_dir: Path) -> None:
         export_weights(state_dict, out_dir, ctx.meta["model_config"])
 
 
-def check_output_dir(cfg: TrainConfig) -> None:
-    """Refuse an unusable --output-dir before anything is loaded or written (no side effects)."""
-    out = Path(cfg.output_dir)
-    existing = [m for m in RUN_MARKERS if (out / m).exists()]
-    if existing and cfg.resume == "none" and not cfg.overwrite:
-        raise UserError(
-            f"--output-dir {out} already holds a run ({', '.join(existing)}); pass --resume auto to continue it, "
-            "--overwrite to replace it, or choose another --output-dir"
-        )
-    parent = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
-    if not parent.is_dir():
-        what = "is a file" if parent == out.absolute() else f"is inside {parent}, which is a file"
-        raise UserError(f"--output-dir {out} is not writable (it {what}); choose another folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UserError(f"--output-dir {out} is not writable (no permission on {parent}); choose another folder")
-
-
-def prepare_output_dir(cfg: TrainConfig, rt: Runtime) -> None:
-    """Refuse to mix two runs in one folder unless --resume or --overwrite says so, then create it."""
-    out = Path(cfg.output_dir)
-    check_output_dir(cfg)
-    existing = [m for m in RUN_MARKERS if (out / m).exists()]
+def prepare_output_dir(cfg: TrainConfig, rt: Runtime, run_dir: RunDir) -> None:
+    """Create, lock and (with --overwrite) stage the folder once every input has loaded (collective)."""
     if rt.is_main:
-        if existing and cfg.overwrite and cfg.resume == "none":
-            for name in RUN_MARKERS + ("model", "best", "summary.json", "curves.png", "metrics.csv"):
-                target = out / name
-                if target.is_dir():
-                    shutil.rmtree(target)
-                elif target.exists():
-                    target.unlink()
-            for events in out.glob("events.out.tfevents.*"):
-                events.unlink()
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            probe = out / ".write_test"
-            probe.write_text("")
-            probe.unlink()
-        except OSError as exc:
-            raise UserError(f"--output-dir {out} is not writable ({exc.strerror}); choose another folder") from None
+        for note in run_dir.prepare(overwrite=cfg.overwrite and cfg.resume == "none"):
+            rt.print(f"accel_train: {note}")
     rt.accelerator.wait_for_everyone()
+
+
+def branch_if_older(cfg: TrainConfig, rt: Runtime, run_dir: RunDir, resume_path: Path, move: bool) -> None:
+    """A resume from an older checkpoint: refuse, or with --branch move the newer timeline aside (main)."""
+    step = read_progress(resume_path)["state"]["global_step"]
+    newer = run_dir.newer_checkpoints(step, resume_path)
+    if not newer:
+        return
+    if not cfg.branch:
+        listed = ", ".join(f"step {s}" for s in newer[:5])
+        raise CheckpointError(
+            f"--resume {resume_path} is at step {step}, but {run_dir / CHECKPOINT_DIR} holds newer checkpoints "
+            f"({listed}) of the timeline you would leave; pass --branch to move them to "
+            f"{run_dir / 'abandoned'}/ and continue from step {step}, or resume into another --output-dir"
+        )
+    if move and rt.is_main:
+        dest = run_dir.abandon_after(step, resume_path)
+        rt.print(f"accel_train: --branch: moved the checkpoints after step {step} and their metrics to {dest}")
 
 
 def _give_up(signum: int) -> None:
@@ -359,13 +287,38 @@ def _give_up(signum: int) -> None:
 
 
 def fit(cfg: TrainConfig) -> dict[str, Any]:
-    """Train, evaluate, checkpoint and export according to ``cfg``; returns the summary."""
+    """Train, evaluate, checkpoint and export according to ``cfg``; returns the summary.
+
+    The output folder is locked for the whole run. With ``--overwrite`` the previous run
+    is put back if this one fails before its first checkpoint.
+    """
     t_launch = time.perf_counter()
+    run_dir = RunDir(cfg.output_dir)
+    run_dir.check(cfg.resume, cfg.overwrite)  # before anything is loaded or written
     rt = build_runtime(cfg, log_with=trackers_for(cfg.report_to, cfg.output_dir) or None)
+    try:
+        if rt.is_main:
+            run_dir.refuse_if_locked()  # a second writer is refused before it loads anything
+        return _fit(cfg, rt, run_dir, t_launch)
+    except BaseException:
+        if rt.is_main and run_dir.restore_replaced():
+            print(
+                f"accel_train: this run failed before saving a checkpoint; the previous run in {run_dir.path} "
+                "is restored",
+                file=sys.stderr,
+                flush=True,
+            )
+        raise
+    finally:
+        run_dir.lock.release()
+
+
+def _fit(cfg: TrainConfig, rt: Runtime, run_dir: RunDir, t_launch: float) -> dict[str, Any]:
     acc = rt.accelerator
-    check_output_dir(cfg)  # created (or replaced, with --overwrite) only once every input loaded
     check_model_name(cfg.model)  # before a possibly long dataset load
     resume_path = resolve_resume(cfg.resume, cfg.output_dir)
+    if resume_path is not None:
+        branch_if_older(cfg, rt, run_dir, resume_path, move=False)  # refuse early, move only once all loaded
 
     with acc.main_process_first():  # downloads and caches happen once
         splits = build_dataset(cfg.data_config())
@@ -415,8 +368,7 @@ def fit(cfg: TrainConfig) -> dict[str, Any]:
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer.optimizer, ScheduleFn(total_steps, cfg.lr_schedule, cfg.warmup_steps)
     )
-    acc.register_for_checkpointing(scheduler)
-    install_unwrapped_weight_hooks(acc)
+    install_unwrapped_weight_hooks(acc)  # nothing is registered for checkpointing: see checkpoint.verify
 
     model_config = {
         "model": cfg.model,
@@ -444,7 +396,9 @@ def fit(cfg: TrainConfig) -> dict[str, Any]:
 
     state = TrainState()
     if resume_path is not None:
-        state, progress = load_checkpoint(acc, resume_path)
+        state, progress, notes = load_checkpoint(acc, resume_path, scheduler, cfg.resume_inexact, cfg.seed)
+        for note in notes:
+            rt.warn(f"resume is not exact: {note}")
         acc.step = 0  # micro-step counter: re-aligned to the (maybe different) accumulation of this setup
         old = progress.get("resolved", {})
         if old.get("global_batch") not in (None, plan.global_batch):
@@ -452,9 +406,12 @@ def fit(cfg: TrainConfig) -> dict[str, Any]:
                 f"resuming a run trained with global batch {old['global_batch']} at global batch "
                 f"{plan.global_batch}: pass --global-batch-size {old['global_batch']} to continue it exactly"
             )
-    prepare_output_dir(cfg, rt)
+    prepare_output_dir(cfg, rt, run_dir)  # locked from here on
+    if resume_path is not None:
+        branch_if_older(cfg, rt, run_dir, resume_path, move=True)
     if rt.is_main:
-        save_config(cfg, Path(cfg.output_dir) / "config.yaml", extra=resolved)
+        with writing(run_dir / CONFIG, "the run config"):
+            save_config(cfg, run_dir / CONFIG, extra=resolved)
     if cfg.report_to != "none":
         acc.init_trackers(
             "tb", config={k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool))}
@@ -485,6 +442,8 @@ def fit(cfg: TrainConfig) -> dict[str, Any]:
         logger,
         meta,
         metric,
+        run_dir,
+        resume_path,
         window=Window(acc.device),
     )
     ctx.window.restore(state.extra.get("log_window"), acc.is_main_process)
@@ -567,16 +526,16 @@ def fit(cfg: TrainConfig) -> dict[str, Any]:
         "data_wait_fraction": timer.fraction(),
     }
     if rt.is_main:
-        out = Path(cfg.output_dir)
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        (out / "confusion.json").write_text(
-            json.dumps({"class_names": info.class_names, "matrix": final["confusion"].tolist()})
-        )
+        out = run_dir.path
+        write_json_atomic(out / SUMMARY, summary, "the run summary")
+        confusion = {"class_names": info.class_names, "matrix": final["confusion"].tolist()}
+        write_json_atomic(out / CONFUSION_JSON, confusion, "the confusion matrix")
+        run_dir.commit_replace()
         if cfg.plots:
             from accel_train.plots import plot_confusion_matrix, plot_curves
 
             plot_curves(out)
-            plot_confusion_matrix(final["confusion"].numpy(), info.class_names, out / "confusion.png")
+            plot_confusion_matrix(final["confusion"].numpy(), info.class_names, out / CONFUSION_PNG)
         rt.print(
             f"accel_train: eval_accuracy {summary['eval_accuracy']:.4f} | eval_loss {summary['eval_loss']:.4f} | "
             f"{state.global_step} steps in {summary['wall_time_s']:.1f}s | wrote {out}"

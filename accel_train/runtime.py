@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -178,6 +179,7 @@ def build_runtime(cfg: TrainConfig, log_with: list | None = None) -> Runtime:
     from accelerate.utils import ProjectConfiguration
 
     check_launch()
+    watch_launcher()
     cpu = wants_cpu_ranks()
     threads = configure_threads(cfg.threads)
     timeout = timedelta(seconds=cfg.dist_timeout)
@@ -201,6 +203,43 @@ def build_runtime(cfg: TrainConfig, log_with: list | None = None) -> Runtime:
     if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
         runtime.warn("fp16 mixed precision is ignored on CPU (accelerate trains in fp32); use bf16, which works on CPU")
     return runtime
+
+
+ORPHAN_POLL_S = 0.5
+
+
+def watch_launcher(env: dict[str, str] | os._Environ = os.environ, poll_s: float = ORPHAN_POLL_S) -> bool:
+    """Leave when the launcher that started this worker is gone (it was killed, e.g. with SIGKILL).
+
+    torchrun's workers are its children; killed launchers leave them re-parented to
+    PID 1, training and writing checkpoints for nobody. A daemon thread compares
+    the parent PID with the one at start and exits the process once it changes,
+    after the write in progress (a metrics line, a checkpoint rename) is whole;
+    checkpoints are atomic, so a save cut short is ignored by ``--resume auto``.
+    Only under torchrun: a plain ``python train.py`` may outlive its shell on purpose.
+    """
+    if "TORCHELASTIC_RUN_ID" not in env:
+        return False
+    import threading
+
+    from accel_train.fsio import WRITE_GUARD
+
+    launcher = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == launcher:
+            time.sleep(poll_s)
+        WRITE_GUARD.acquire(timeout=10)
+        print(
+            f"[rank {env.get('RANK', '0')}] error: the launcher (pid {launcher}) is gone; exiting (the last "
+            "complete checkpoint is intact: continue with --resume auto)",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(1)
+
+    threading.Thread(target=watch, name="accel_train-orphan-watch", daemon=True).start()
+    return True
 
 
 def finish_process(exit_code: int = 0) -> None:

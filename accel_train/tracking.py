@@ -16,6 +16,8 @@ from typing import Any
 
 from accelerate.tracking import GeneralTracker, on_main_process
 
+from accel_train.fsio import append_line
+
 
 class CSVTracker(GeneralTracker):
     """A minimal accelerate tracker writing ``metrics.csv`` (one row per log call)."""
@@ -97,8 +99,7 @@ class RunLogger:
             **values,
             "time_s": round(time.perf_counter() - self._t0, 3),
         }  # seconds since the run's logger started
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        append_line(self.path, json.dumps(record), "the metrics log")
 
     def log(self, event: str, step: int, epoch: int, values: dict[str, float]) -> None:
         """Record, send to trackers and display one set of metrics (call on every rank)."""

@@ -1,48 +1,11 @@
 #!/usr/bin/env python
 """Overlay the curves of several runs and print a comparison table.
 
-Usage::
-
-    python scripts/plot_runs.py runs/cpu runs/multi_cpu runs/bf16 --out runs_compare.png
-    python scripts/plot_runs.py runs/a runs/b --labels baseline,bigger-lr
+The same program as the ``accel-plot-runs`` console script; its code and examples are in
+``accel_train/commands/plot_runs.py``, its flags in ``--help``.
 """
 
-from __future__ import annotations
-
-import argparse
-import sys
-from pathlib import Path
-
-# Run from a checkout without installing; accel_train is imported in main(), after this.
-sys.path[0] = str(Path(__file__).resolve().parents[1])  # repo root instead of scripts/ (which holds evaluate.py)
-
-from accel_train.cli import ArgumentParser, run_main  # noqa: E402 (light: no torch)
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = ArgumentParser(description="Overlay the curves of several runs and print a comparison table.")
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (with metrics.jsonl)")
-    parser.add_argument("--out", default="runs_compare.png", help="image to write (default: %(default)s)")
-    parser.add_argument("--labels", default=None, help="comma-separated legend labels, one per RUN_DIR")
-    parser.add_argument("--debug", action="store_true", help="show the traceback on errors")
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from accel_train.errors import UserError
-    from accel_train.plots import compare_runs_table, plot_runs
-
-    args = parse_args(argv)
-    labels = None
-    if args.labels is not None:
-        labels = [label.strip() for label in args.labels.split(",")]
-        if len(labels) != len(args.run_dirs):
-            raise UserError(f"--labels has {len(labels)} names for {len(args.run_dirs)} run directories")
-    out = plot_runs(args.run_dirs, args.out, labels=labels)
-    print(compare_runs_table(args.run_dirs, labels=labels))
-    print(f"wrote {out}")
-    return 0
-
+from accel_train.commands.plot_runs import cli_main
 
 if __name__ == "__main__":
-    run_main(main)
+    cli_main()

@@ -8,12 +8,9 @@
 Prints one line per trial and a final 'N passed, N failed' line; writes --out JSON.
 """
 
-import sys
 from pathlib import Path
 
-sys.path[0] = str(Path(__file__).resolve().parents[1])  # repo root instead of scripts/ (which holds evaluate.py)
-
-from accel_train.cli import ArgumentParser, run_main  # noqa: E402 (light: no torch)
+from accel_train.cli import ArgumentParser, run_main  # light: no torch
 
 REPO = Path(__file__).resolve().parents[1]
 COMMON = [

@@ -1,29 +1,11 @@
 #!/usr/bin/env python
 """Train with one Accelerate loop on any setup.
 
-python scripts/train.py                                   # 1 process, defaults: lenet on digits
-accelerate launch --config_file accelerate_configs/multi_cpu.yaml scripts/train.py --epochs 4
-python scripts/train.py --config configs/seed000_mnist_cnn.yaml --max-steps 100
+The same program as the ``accel-train`` console script; its code and examples are in
+``accel_train/commands/train.py``, its flags in ``--help``.
 """
 
-import sys
-from pathlib import Path
-
-sys.path[0] = str(Path(__file__).resolve().parents[1])  # repo root instead of scripts/ (which holds evaluate.py)
-
-
-def main(argv=None):
-    from accel_train.config import parse_config
-
-    cfg = parse_config(argv)
-    from accel_train.loop import fit  # heavy imports only after --help / argument errors
-
-    summary = fit(cfg)
-    del summary  # written to OUTPUT_DIR/summary.json
-    return 0
-
+from accel_train.commands.train import cli_main
 
 if __name__ == "__main__":
-    from accel_train.cli import run_main
-
-    run_main(main)
+    cli_main()

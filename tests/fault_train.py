@@ -5,21 +5,22 @@ Models registered here (the real loop, the real launcher; only the model misbeha
   FAULT_NAN_FROM=N makes every call from N on NaN.
 - ``crash_lenet``: raises on rank FAULT_RANK at forward call FAULT_CALL.
 - ``hang_lenet``: sleeps forever on rank FAULT_RANK at forward call FAULT_CALL.
+
+FAULT_ENOSPC makes the disk "fill up" (OSError ENOSPC, as a real full disk gives):
+``checkpoint:N`` during the N-th checkpoint save (after a partial file is written),
+``export`` in every safetensors write (exports; checkpoints too, unless disabled),
+``metrics:N`` on the N-th metrics line.
 """
 
+import errno
 import os
-import runpy
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from accel_train.models import register_model  # noqa: E402
-from accel_train.models.lenet import LeNet  # noqa: E402
+from accel_train.models import register_model
+from accel_train.models.lenet import LeNet
 
 
 def _calls(name: str) -> set[int]:
@@ -53,10 +54,52 @@ class FaultyLeNet(LeNet):
         return out
 
 
+def _no_space(*_args, **_kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _fill_disk_at(spec: str) -> None:
+    what, _, nth = spec.partition(":")
+    calls = {"n": 0}
+
+    def hit() -> bool:
+        calls["n"] += 1
+        return calls["n"] == int(nth or 1)
+
+    if what == "checkpoint":
+        from accelerate import Accelerator
+
+        real = Accelerator.save_state
+
+        def save_state(self, output_dir=None, **kwargs):
+            if hit():
+                (Path(output_dir) / "model.safetensors").write_bytes(b"partial")
+                _no_space()
+            return real(self, output_dir, **kwargs)
+
+        Accelerator.save_state = save_state
+    elif what == "export":
+        import safetensors.torch
+
+        safetensors.torch.save_file = _no_space
+    elif what == "metrics":  # the N-th append really fails: /dev/full answers writes with ENOSPC
+        import builtins
+
+        import accel_train.fsio as fsio
+
+        fsio.open = lambda path, mode="r", *a, **k: builtins.open(
+            "/dev/full" if str(path).endswith("metrics.jsonl") and hit() else path, mode, *a, **k
+        )
+
+
+if os.environ.get("FAULT_ENOSPC"):
+    _fill_disk_at(os.environ["FAULT_ENOSPC"])
+
 for mode in ("nan", "crash", "hang"):
     cls = type(f"{mode.title()}LeNet", (FaultyLeNet,), {"mode": mode})
     register_model(f"{mode}_lenet", cls)
 
 if __name__ == "__main__":
-    sys.argv[0] = str(REPO / "scripts" / "train.py")
-    runpy.run_path(str(REPO / "scripts" / "train.py"), run_name="__main__")
+    from accel_train.commands.train import cli_main
+
+    cli_main()

@@ -316,7 +316,7 @@ def test_resume_from_a_checkpoint_with_truncated_progress_in_process(tmp_path, t
     assert snapshot(tmp_path) == before
 
 
-# ------------------------------------------------------------------ checkpoints: evaluate.py --weights
+# ------------------------------------------------------------------ checkpoints: eval.py --weights
 
 
 class _Payload:
@@ -374,7 +374,7 @@ def _weights_case(name: str, tmp: Path) -> tuple[Path, list[str]]:
 def test_evaluate_bad_weights(tmp_path, name):
     weights, needles = _weights_case(name, tmp_path)
     out = tmp_path / "eval" / "report.json"
-    run_bad("evaluate.py", ["--weights", str(weights), "--out", str(out)], [tmp_path], needles)
+    run_bad("eval.py", ["--weights", str(weights), "--out", str(out)], [tmp_path], needles)
     assert not (tmp_path / "PWNED").exists()
     assert not out.parent.exists()
 
@@ -398,13 +398,14 @@ def test_output_dir_not_writable(tmp_path):
 
 
 def test_output_dir_that_is_a_file_in_process(tmp_path):
-    from accel_train.loop import check_output_dir
+    from accel_train.run_dir import RunDir
 
     blocker = tmp_path / "somefile"
     blocker.write_text("I am a file\n")
     before = snapshot(tmp_path)
     cfg = parse_config(["--output-dir", str(blocker)])
-    raises_user_error(lambda: check_output_dir(cfg), f"--output-dir {blocker} is not writable (it is a file)")
+    needle = f"--output-dir {blocker} is not writable (it is a file)"
+    raises_user_error(lambda: RunDir(cfg.output_dir).check(cfg.resume, cfg.overwrite), needle)
     assert snapshot(tmp_path) == before
 
 

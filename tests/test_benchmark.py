@@ -1,14 +1,24 @@
-"""scripts/benchmark.py: the machinery and the report schema (never the timings)."""
+"""python -m benchmarks: the machinery and the report schema (never the timings)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import check, run_script
+from conftest import REPO, check
 
-from accel_train import bench
+from accel_train.launch import child_env
+from benchmarks import bench
+
+
+def _benchmark(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    """``python -m benchmarks ARGS`` from the repository root, as the README runs it."""
+    cmd = [sys.executable, "-m", "benchmarks", *args]
+    return subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout)
+
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 RESULT_KEYS = {
@@ -28,7 +38,7 @@ RESULT_KEYS = {
 
 def test_smoke_run_writes_json_markdown_and_chart(tmp_path):
     out = tmp_path / "bench"
-    check(run_script("benchmark.py", "--smoke", "--out", str(out), timeout=300))
+    check(_benchmark("--smoke", "--out", str(out), timeout=300))
     report = json.loads((out / "benchmark.json").read_text())
 
     machine = report["machine"]
@@ -57,7 +67,7 @@ def test_smoke_run_writes_json_markdown_and_chart(tmp_path):
 
 
 def test_unknown_model_is_a_one_line_error(tmp_path):
-    proc = run_script("benchmark.py", "--quick", "--models", "alexnet", "--out", str(tmp_path), timeout=120)
+    proc = _benchmark("--quick", "--models", "alexnet", "--out", str(tmp_path), timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert "unknown model 'alexnet'" in proc.stderr

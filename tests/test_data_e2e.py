@@ -72,7 +72,7 @@ def test_data_wait_fraction_reported_for_in_memory_mnist_shaped_data(tmp_path):
         )
     )
     s = summary(out)
-    assert 0.0 <= s["data_wait_fraction"] < 1.0  # the goal (<= 0.05) is measured by scripts/benchmark.py
+    assert 0.0 <= s["data_wait_fraction"] < 1.0  # the goal (<= 0.05) is measured by python -m benchmarks
     assert s["train_samples_per_s"] > 0
 
 

@@ -155,7 +155,7 @@ def test_evaluate_and_convert_scripts_end_to_end(tmp_path):
     report_path = tmp_path / "eval.json"
     check(
         run_script(
-            "evaluate.py",
+            "eval.py",
             "--weights",
             str(ckpt),
             "--batch-size",
@@ -176,7 +176,7 @@ def test_evaluate_and_convert_scripts_end_to_end(tmp_path):
     clean = tmp_path / "clean"
     check(run_script("convert_checkpoint.py", str(ckpt), "--out", str(clean)))
     assert (clean / "model.safetensors").exists() and (clean / "config.json").exists()
-    report2 = json.loads(check(run_script("evaluate.py", "--weights", str(clean))).stdout)
+    report2 = json.loads(check(run_script("eval.py", "--weights", str(clean))).stdout)
     assert report2["accuracy"] == report["accuracy"]
     # inspection
     info = check(run_script("convert_checkpoint.py", str(ckpt), "--json")).stdout

@@ -1,10 +1,15 @@
 """Resumable training checkpoints on top of ``accelerator.save_state``.
 
 Layout: ``OUTPUT_DIR/checkpoints/step_00000120/`` holds accelerate's state
-(model weights, optimizer, scheduler, grad scaler, one RNG file per rank)
-plus ``progress.json`` (epoch, step in epoch, global step, samples seen, best
-metric, model config). Progress is read from ``progress.json``, never from
-folder names.
+(model weights, optimizer, grad scaler, one RNG file per rank) plus
+``progress.json`` (epoch, step in epoch, global step, samples seen, best
+metric, model config, and the LR schedule's state as JSON). Progress is read
+from ``progress.json``, never from folder names.
+
+Resume never unpickles code: :mod:`accel_train.checkpoint.verify` opens every
+file of the folder safely (and refuses unknown ones) before accelerate reads
+it, and nothing is registered with ``register_for_checkpointing`` (accelerate
+loads such objects with ``weights_only=False``).
 
 Saves are atomic: every rank writes into ``.tmp-step_…``; after a barrier the
 main process writes ``progress.json`` last and renames the folder into place.
@@ -22,15 +27,15 @@ import json
 import os
 import pickle  # only for pickle.UnpicklingError
 import shutil
-import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accel_train.errors import CheckpointError
+from accel_train.checkpoint.verify import PROGRESS_FILE, RNG_FILE, safe_torch_load, verify_checkpoint
+from accel_train.errors import CheckpointError, UserError
+from accel_train.fsio import WRITE_GUARD, tree_size, write_json_atomic, writing
 
 CHECKPOINT_DIR = "checkpoints"
-PROGRESS_FILE = "progress.json"
 TMP_PREFIX = ".tmp-"
 
 
@@ -145,60 +150,134 @@ def read_progress(path: str | Path) -> dict[str, Any]:
         ) from None
 
 
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=2)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+def _retire_old(output_dir: str | Path, keep_last: int, keep: tuple[Path, ...]) -> None:
+    """Delete the oldest checkpoints beyond ``keep_last``; never one of ``keep`` (just saved, resumed from)."""
+    keep_real = {p.resolve() for p in keep}
+    ckpts = [p for _, p in list_checkpoints(output_dir)]
+    for old in ckpts[: max(0, len(ckpts) - keep_last)]:
+        if old.resolve() not in keep_real:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def save_checkpoint(
-    accelerator, output_dir: str | Path, state: TrainState, meta: dict[str, Any], keep_last: int
+    accelerator,
+    output_dir: str | Path,
+    state: TrainState,
+    meta: dict[str, Any],
+    keep_last: int,
+    scheduler_state: dict[str, Any] | None = None,
+    protect: Path | None = None,
 ) -> Path:
-    """Collective: call on every rank. Returns the final checkpoint path."""
+    """Collective: call on every rank. Returns the final checkpoint path.
+
+    ``scheduler_state`` goes into ``progress.json`` as JSON (never a pickle);
+    ``protect`` (the checkpoint this run resumed from) is never deleted by retention.
+    A full disk gives one line and leaves the previous checkpoint as it was.
+    """
     root = Path(output_dir) / CHECKPOINT_DIR
     name = f"step_{state.global_step:08d}"
     tmp, final = root / f"{TMP_PREFIX}{name}", root / name
+    previous = latest_checkpoint(output_dir)
+    needed = tree_size(previous) if previous else None
+    try:
+        with writing(final, "checkpoint", needed):
+            if accelerator.is_main_process:
+                root.mkdir(parents=True, exist_ok=True)
+                for stale in root.glob(f"{TMP_PREFIX}*"):  # leftovers of a killed save
+                    shutil.rmtree(stale, ignore_errors=True)
+                tmp.mkdir()
+            accelerator.wait_for_everyone()
+            accelerator.save_state(str(tmp), safe_serialization=True)
+            accelerator.wait_for_everyone()
+            if accelerator.is_main_process:
+                progress = {"state": state.to_dict(), "scheduler": scheduler_state, **meta}
+                write_json_atomic(tmp / PROGRESS_FILE, progress, "checkpoint")
+                with WRITE_GUARD:
+                    if final.exists():
+                        shutil.rmtree(final)
+                    os.replace(tmp, final)
+    except UserError as exc:
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        kept = f"; the previous checkpoint {previous} is intact" if previous else ""
+        raise UserError(f"{exc}{kept}") from None
     if accelerator.is_main_process:
-        root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob(f"{TMP_PREFIX}*"):  # leftovers of a killed save
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp.mkdir()
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp), safe_serialization=True)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        _write_json_atomic(tmp / PROGRESS_FILE, {"state": state.to_dict(), **meta})
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        for _, old in list_checkpoints(output_dir)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+        _retire_old(output_dir, keep_last, tuple(p for p in (final, protect) if p is not None))
     accelerator.wait_for_everyone()
     return final
 
 
-def load_checkpoint(accelerator, path: str | Path) -> tuple[TrainState, dict[str, Any]]:
-    """Collective: restore accelerate's state from ``path`` and return the progress."""
-    progress = read_progress(path)
-    rng = Path(path) / f"random_states_{accelerator.process_index}.pkl"
-    if rng.is_file() and not zipfile.is_zipfile(rng):  # accelerate would skip it silently: resume not exact
+def _written_world_size(path: Path, progress: dict[str, Any]) -> int:
+    size = progress.get("resolved", {}).get("world_size") if isinstance(progress.get("resolved"), dict) else None
+    if isinstance(size, int) and size >= 1:
+        return size
+    return len(list(path.glob(RNG_FILE.format("*")))) or 1
+
+
+def _restore_scheduler(scheduler, path: Path, progress: dict[str, Any]) -> None:
+    state = progress.get("scheduler")
+    legacy = path / "custom_checkpoint_0.pkl"  # checkpoints of earlier versions; opened safely, never by accelerate
+    if state is None and legacy.is_file():
+        state = safe_torch_load(legacy)
+    if state is None:
+        raise CheckpointError(f"cannot resume from {path}: it holds no LR schedule state; start a new --output-dir")
+    try:
+        scheduler.load_state_dict(state)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
         raise CheckpointError(
-            f"cannot resume from {path}: {rng.name} is truncated or corrupt; resume from an older checkpoint "
-            f"in {Path(path).parent}, or start a new --output-dir"
-        )
+            f"cannot resume from {path}: its LR schedule state is invalid ({type(exc).__name__}); resume from "
+            "another checkpoint"
+        ) from None
+
+
+def load_checkpoint(
+    accelerator, path: str | Path, scheduler=None, inexact_ok: bool = False, seed: int = 0
+) -> tuple[TrainState, dict[str, Any], list[str]]:
+    """Collective: check ``path`` (nothing in it may run code), restore the state, return the progress.
+
+    Returns ``(state, progress, notes)``: ``notes`` say what will not resume exactly
+    (ranks whose random state could not be restored, with ``inexact_ok``, or ranks
+    the checkpoint never had).
+    """
+    path = Path(path)
+    progress = read_progress(path)
+    written = _written_world_size(path, progress)
+    unusable = verify_checkpoint(path, written, inexact_ok)
     from safetensors import SafetensorError
 
     try:
-        accelerator.load_state(str(path))
+        try:
+            accelerator.load_state(str(path))
+        except RuntimeError as exc:
+            # Checkpoints of earlier versions hold the LR schedule as custom_checkpoint_0.pkl. accelerate checks
+            # the count of such files against registered objects last, after everything else is loaded; nothing
+            # is registered now (accelerate would unpickle it unsafely), so _restore_scheduler reads it safely.
+            legacy = any(path.glob("custom_checkpoint_*.pkl")) and not accelerator._custom_objects
+            if not (legacy and str(exc).startswith("Number of custom checkpoints")):
+                raise
     except (SafetensorError, RuntimeError, OSError, EOFError, ValueError, KeyError, pickle.UnpicklingError) as exc:
         # a truncated/corrupt file (our load hook's CheckpointError for another model passes through)
         reason = " ".join(str(exc).split()).split(". ")[0][:200] or type(exc).__name__
         raise CheckpointError(
             f"cannot resume from {path}: a file in it is missing, truncated or corrupt "
-            f"({type(exc).__name__}: {reason}); resume from an older checkpoint in {Path(path).parent}, "
+            f"({type(exc).__name__}: {reason}); resume from an older checkpoint in {path.parent}, "
             "or start a new --output-dir"
         ) from exc
-    return TrainState.from_dict(progress["state"]), progress
+    if scheduler is not None:
+        _restore_scheduler(scheduler, path, progress)
+    state = TrainState.from_dict(progress["state"])
+    notes = [
+        f"rank {r}'s random state is not restored ({why}); it starts from a fresh seed"
+        for r, why in sorted(unusable.items())
+    ]
+    if written < accelerator.num_processes:
+        notes.append(
+            f"the checkpoint was written by {written} process(es): ranks {written}..{accelerator.num_processes - 1} "
+            "start from fresh seeds (weights, optimizer and data order are exact; dropout draws differ)"
+        )
+    rank = accelerator.process_index
+    if rank in unusable or rank >= written:
+        from accelerate.utils import set_seed
+
+        set_seed(seed + 1_000_003 * state.global_step + rank)  # deterministic, and distinct per rank and step
+    return state, progress, notes

@@ -23,7 +23,6 @@ import json
 import os
 import pickle  # only for pickle.UnpicklingError: nothing is ever unpickled with it
 import re
-import tempfile
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from accel_train.errors import CheckpointError, UserError
+from accel_train.fsio import atomic_write
 
 __all__ = [
     "WRAPPER_PREFIXES",
@@ -683,26 +683,13 @@ def export_weights(
     except OSError as e:
         raise UserError(f"cannot create output directory {out}: {_short(e)}") from None
     weights = out / "model.safetensors"
-    _atomic_write(weights, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    atomic_write(weights, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}), "weights")
     config_path = out / "config.json"
     if config_text is not None:
-        _atomic_write(config_path, lambda tmp: Path(tmp).write_text(config_text, encoding="utf-8"))
+        atomic_write(config_path, lambda tmp: Path(tmp).write_text(config_text, encoding="utf-8"), "weights config")
     elif config_path.exists():
         config_path.unlink()
     return weights
-
-
-def _atomic_write(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise UserError(f"cannot write {path}: {_short(e)}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def inspect_checkpoint(source: str | os.PathLike) -> dict:

@@ -1,16 +1,13 @@
-#!/usr/bin/env python
 """Benchmark the portable loop against a plain PyTorch loop and the seed-000 recipe on this machine.
 
-python scripts/benchmark.py --quick --out runs/bench_quick      # under 3 minutes
-python scripts/benchmark.py --out runs/bench --data-dir data     # full: repeats, bf16 study, MNIST time to 97%
+python -m benchmarks --quick --out runs/bench_quick      # under 3 minutes
+python -m benchmarks --out runs/bench --data-dir data     # full: repeats, bf16 study, MNIST time to 97%
 
-Writes OUT/benchmark.json, OUT/benchmark.md and OUT/benchmark.png (see accel_train/bench.py).
+Writes OUT/benchmark.json, OUT/benchmark.md and OUT/benchmark.png (see benchmarks/bench.py).
 """
 
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -27,6 +24,7 @@ def main(argv=None):
             raise UserError(f"{message} (see --help)")
 
     parser = Parser(
+        prog="python -m benchmarks",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="\n\n".join(__doc__.split("\n\n")[1:]),
@@ -58,7 +56,7 @@ def main(argv=None):
     if args.repeats is not None and args.repeats < 1:
         raise UserError(f"--repeats must be >= 1, got {args.repeats}")
 
-    from accel_train.bench import BenchOptions, run_benchmark
+    from benchmarks.bench import BenchOptions, run_benchmark
 
     opts = BenchOptions(
         out=Path(args.out),

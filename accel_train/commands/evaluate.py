@@ -1,17 +1,11 @@
-#!/usr/bin/env python
 """Evaluate exported weights or a checkpoint on a dataset, under any accelerate config.
 
-    python scripts/evaluate.py --weights runs/default/model
-    accelerate launch --config_file accelerate_configs/multi_cpu.yaml scripts/evaluate.py \\
+    python scripts/eval.py --weights runs/default/model
+    accelerate launch --config_file accelerate_configs/multi_cpu.yaml scripts/eval.py \\
         --weights runs/default/checkpoints/step_00000352 --out eval.json --confusion-png confusion.png
 """
 
-import sys
-from pathlib import Path
-
-sys.path[0] = str(Path(__file__).resolve().parents[1])  # repo root instead of scripts/ (which holds evaluate.py)
-
-from accel_train.cli import ArgumentParser, run_main  # noqa: E402 (light: no torch)
+from accel_train.cli import ArgumentParser, run_main  # light: no torch
 
 
 def main(argv=None):
@@ -42,5 +36,6 @@ def main(argv=None):
     return 0
 
 
-if __name__ == "__main__":
+def cli_main() -> None:
+    """Console-script entry point (and ``scripts/*.py``)."""
     run_main(main)

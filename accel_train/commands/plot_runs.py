@@ -1,0 +1,43 @@
+"""Overlay the curves of several runs and print a comparison table.
+
+Usage::
+
+    python scripts/plot_runs.py runs/cpu runs/multi_cpu runs/bf16 --out runs_compare.png
+    python scripts/plot_runs.py runs/a runs/b --labels baseline,bigger-lr
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from accel_train.cli import ArgumentParser, run_main  # light: no torch
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = ArgumentParser(description="Overlay the curves of several runs and print a comparison table.")
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (with metrics.jsonl)")
+    parser.add_argument("--out", default="runs_compare.png", help="image to write (default: %(default)s)")
+    parser.add_argument("--labels", default=None, help="comma-separated legend labels, one per RUN_DIR")
+    parser.add_argument("--debug", action="store_true", help="show the traceback on errors")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from accel_train.errors import UserError
+    from accel_train.plots import compare_runs_table, plot_runs
+
+    args = parse_args(argv)
+    labels = None
+    if args.labels is not None:
+        labels = [label.strip() for label in args.labels.split(",")]
+        if len(labels) != len(args.run_dirs):
+            raise UserError(f"--labels has {len(labels)} names for {len(args.run_dirs)} run directories")
+    out = plot_runs(args.run_dirs, args.out, labels=labels)
+    print(compare_runs_table(args.run_dirs, labels=labels))
+    print(f"wrote {out}")
+    return 0
+
+
+def cli_main() -> None:
+    """Console-script entry point (and ``scripts/*.py``)."""
+    run_main(main)

@@ -1,0 +1,24 @@
+"""Train with one Accelerate loop on any setup.
+
+python scripts/train.py                                   # 1 process, defaults: lenet on digits
+accelerate launch --config_file accelerate_configs/multi_cpu.yaml scripts/train.py --epochs 4
+python scripts/train.py --config configs/seed000_mnist_cnn.yaml --max-steps 100
+"""
+
+from accel_train.cli import run_main
+
+
+def main(argv=None):
+    from accel_train.config import parse_config
+
+    cfg = parse_config(argv)
+    from accel_train.loop import fit  # heavy imports only after --help / argument errors
+
+    summary = fit(cfg)
+    del summary  # written to OUTPUT_DIR/summary.json
+    return 0
+
+
+def cli_main() -> None:
+    """Console-script entry point (and ``scripts/*.py``)."""
+    run_main(main)

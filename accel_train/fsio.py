@@ -1,0 +1,143 @@
+"""Writing files that a run keeps: atomic replaces, and one clear line when the disk says no.
+
+Every write a run makes (checkpoints, exports, metrics, summaries) goes through
+:func:`writing`, which turns "no space left", "quota exceeded", "read-only file
+system" and "permission denied" into a :class:`UserError` naming the path, the
+free space and what is needed. torch and safetensors report a full disk as a
+``RuntimeError``/``SafetensorError`` whose text carries the errno, so those are
+recognised by their message.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from accel_train.errors import UserError
+
+#: Held around short writes that must not be cut in half (a metrics line, a rename);
+#: the orphan watch takes it before leaving the process (see ``accel_train.process``).
+WRITE_GUARD = threading.RLock()
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+_NO_ACCESS = (errno.EACCES, errno.EPERM, errno.EROFS)
+# How torch's stream writer and safetensors phrase the same failures.
+_FULL_TEXT = ("no space left", "storagefull", "code: 28", "file write failed", "quota exceeded")
+_ACCESS_TEXT = ("permission denied", "read-only file system", "code: 13", "code: 30")
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def free_bytes(path: str | os.PathLike) -> int | None:
+    """Free space on the filesystem holding ``path`` (or its nearest existing parent)."""
+    p = Path(path).absolute()
+    for candidate in (p, *p.parents):
+        if candidate.exists():
+            try:
+                return shutil.disk_usage(candidate).free
+            except OSError:
+                return None
+    return None
+
+
+def tree_size(path: str | os.PathLike) -> int:
+    """Bytes held by the regular files under ``path`` (0 if it does not exist)."""
+    p = Path(path)
+    if p.is_file():
+        return p.stat().st_size
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else 0
+
+
+def disk_problem(exc: BaseException) -> str | None:
+    """'full' or 'access' when ``exc`` is the disk refusing a write, else None."""
+    code = getattr(exc, "errno", None)
+    if code in _DISK_FULL:
+        return "full"
+    if code in _NO_ACCESS:
+        return "access"
+    if isinstance(exc, OSError):
+        return None
+    text = str(exc).lower()
+    if any(t in text for t in _FULL_TEXT):
+        return "full"
+    if any(t in text for t in _ACCESS_TEXT):
+        return "access"
+    return None
+
+
+def disk_error(exc: BaseException, path: str | os.PathLike, what: str, needed: int | None = None) -> UserError:
+    """The one line for a refused write of ``what`` at ``path``."""
+    kind = disk_problem(exc)
+    if kind == "access":
+        return UserError(
+            f"cannot write {what} {path}: {' '.join(str(exc).split())[:160]}; make the folder writable or choose "
+            "another --output-dir"
+        )
+    free = free_bytes(path)
+    have = f"{human_bytes(free)} free" if free is not None else "free space unknown"
+    need = f", about {human_bytes(needed)} needed" if needed else ""
+    return UserError(
+        f"cannot write {what} {path}: no space left on the device ({have}{need}); free some space or choose an "
+        "--output-dir on a disk with room"
+    )
+
+
+@contextmanager
+def writing(path: str | os.PathLike, what: str, needed: int | None = None) -> Iterator[None]:
+    """Turn the disk's refusals inside the block into one :class:`UserError` line."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as exc:
+        if disk_problem(exc) is not None:
+            raise disk_error(exc, path, what, needed) from None
+        if isinstance(exc, OSError):  # any other refusal of the filesystem: still one line
+            raise UserError(f"cannot write {what} {path}: {' '.join(str(exc).split())[:160]}") from None
+        raise
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[str], Any], what: str = "file") -> None:
+    """``write(tmp_path)`` next to ``path``, then rename it into place; nothing half-written is ever visible."""
+    path = Path(path)
+    with writing(path, what):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        try:
+            write(tmp)
+            os.chmod(tmp, 0o644)  # mkstemp makes 0600; exports are meant to be shared
+            with WRITE_GUARD:
+                os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any, what: str = "file") -> None:
+    def dump(tmp: str) -> None:
+        with open(tmp, "w") as fh:
+            json.dump(data, fh, indent=2)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    atomic_write(path, dump, what)
+
+
+def append_line(path: str | os.PathLike, line: str, what: str = "file") -> None:
+    """Append one text line whole (the orphan watch never cuts it in half)."""
+    with writing(path, what), WRITE_GUARD, open(path, "a") as fh:
+        fh.write(line + "\n")

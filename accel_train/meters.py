@@ -1,0 +1,48 @@
+"""What the loop measures between two log steps, without a host sync per step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class StepTimer:
+    """Host-side time split: waiting for data vs everything else (no device syncs)."""
+
+    data_wait: float = 0.0
+    total: float = 0.0
+    samples: int = 0
+
+    def fraction(self) -> float:
+        return self.data_wait / self.total if self.total > 0 else 0.0
+
+
+class Window:
+    """Train loss/accuracy summed on the device between two log steps: no host sync per step.
+
+    The reduced sums travel inside checkpoints, so the logged values after a
+    resume equal those of an uninterrupted run.
+    """
+
+    def __init__(self, device: torch.device):
+        self.sums = torch.zeros(3, device=device, dtype=torch.float64)  # loss*n, correct, n
+
+    def add(self, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, finite_only: bool) -> None:
+        n = labels.shape[0]
+        loss = loss.detach().double()
+        ok = torch.isfinite(loss).double() if finite_only else torch.ones((), dtype=torch.float64, device=loss.device)
+        if finite_only:  # a skipped non-finite step must not poison the logged average
+            loss = torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
+        correct = (logits.detach().argmax(dim=1) == labels).sum().double()
+        self.sums += torch.stack([loss * n * ok, correct * ok, n * ok])
+
+    def reduce(self, acc) -> list[float]:
+        """Global sums over all ranks (collective)."""
+        return acc.reduce(self.sums.clone(), reduction="sum").tolist()
+
+    def restore(self, sums: list[float] | None, is_main: bool) -> None:
+        self.sums.zero_()
+        if sums and is_main:  # the global sums live on one rank; the reduce adds the others' zeros
+            self.sums += torch.tensor(sums, dtype=torch.float64, device=self.sums.device)

@@ -1,0 +1,90 @@
+"""The package installs with console scripts, and the scripts are thin and never patch sys.path."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+CONSOLE_SCRIPTS = PYPROJECT["project"]["scripts"]
+USER_SCRIPTS = {
+    "train.py": "accel-train",
+    "eval.py": "accel-evaluate",
+    "predict.py": "accel-predict",
+    "convert_checkpoint.py": "accel-convert",
+    "doctor.py": "accel-doctor",
+    "plot_runs.py": "accel-plot-runs",
+}
+
+
+def _installed() -> bool:
+    try:
+        importlib.metadata.distribution("accel_train")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def _clean_env() -> dict[str, str]:
+    """No PYTHONPATH: only what is installed can be imported."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+def test_every_console_script_points_at_a_callable():
+    assert set(USER_SCRIPTS.values()) <= set(CONSOLE_SCRIPTS)
+    for name, target in CONSOLE_SCRIPTS.items():
+        module, _, attr = target.partition(":")
+        assert callable(getattr(importlib.import_module(module), attr)), name
+
+
+def test_scripts_are_thin_and_leave_sys_path_alone():
+    for script in sorted((REPO / "scripts").glob("*.py")):
+        text = script.read_text()
+        assert "sys.path" not in text, f"{script.name} patches sys.path"
+    for script, console in USER_SCRIPTS.items():
+        module = CONSOLE_SCRIPTS[console].partition(":")[0]
+        assert f"from {module} import cli_main" in (REPO / "scripts" / script).read_text(), script
+
+
+def test_no_script_shadows_a_library():
+    """``python scripts/X.py`` puts scripts/ first on sys.path: a scripts/evaluate.py would hide ``evaluate``."""
+    libraries = {"evaluate", "datasets", "torch", "torchvision", "accelerate", "safetensors", "yaml", "tqdm"}
+    assert not {p.stem for p in (REPO / "scripts").glob("*.py")} & libraries
+
+
+@pytest.mark.skipif(not _installed(), reason="accel_train is not installed (pip install -e .)")
+def test_installed_console_script_and_script_run_from_anywhere(tmp_path):
+    bin_dir = Path(sysconfig.get_path("scripts"))
+    console = bin_dir / "accel-evaluate"
+    if not console.exists():
+        pytest.skip(f"console scripts are not in {bin_dir}")
+    out = subprocess.run([str(console), "--help"], cwd=tmp_path, env=_clean_env(), capture_output=True, text=True)
+    assert out.returncode == 0 and "--weights" in out.stdout, out.stderr
+    out = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "eval.py"), "--help"],
+        cwd=tmp_path,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0 and "--weights" in out.stdout, out.stderr
+
+
+def test_training_imports_no_harness():
+    """A training run imports neither the benchmark, the doctor, nor the launch helpers of tests and tools."""
+    code = (
+        "import sys, accel_train.loop, accel_train.commands.train; "
+        "print([m for m in sys.modules if m.startswith(('benchmarks', 'accel_train.doctor', 'accel_train.launch'))])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
