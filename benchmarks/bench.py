@@ -59,7 +59,7 @@ QUICK_CELLS = {
     "cuda_fp32": MODELS,  # only where a GPU is visible
     "cuda_bf16": STUDY_MODELS,
 }
-WARMUP_STEPS = 5  # == accel_train.loop.WARMUP_STEPS_EXCLUDED: the plain loop excludes the same steps
+WARMUP_STEPS = 5  # == accel_train.trainer.WARMUP_STEPS_EXCLUDED: the plain loop excludes the same steps
 WINDOW_STEPS = 10  # == TrainConfig.log_every's default: the portable logs samples/s over such windows
 TARGET_ACCURACY = 0.97
 SYNTHETIC_SEED = 42  # TrainConfig.seed's default: the portable's synthetic data are generated from it

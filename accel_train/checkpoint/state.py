@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from accel_train.checkpoint.keys import strip_key
 from accel_train.checkpoint.verify import PROGRESS_FILE, RNG_FILE, safe_torch_load, verify_checkpoint
 from accel_train.errors import CheckpointError, UserError
 from accel_train.fsio import WRITE_GUARD, tree_size, write_json_atomic, writing
@@ -61,22 +62,12 @@ class TrainState:
         return cls(**known)
 
 
-def _strip_prefixes(key: str) -> str:
-    changed = True
-    while changed:
-        changed = False
-        for prefix in ("module.", "_orig_mod."):
-            if key.startswith(prefix):
-                key, changed = key[len(prefix) :], True
-    return key
-
-
 def install_unwrapped_weight_hooks(accelerator) -> None:
     """Make ``save_state``/``load_state`` use unwrapped model keys on every setup."""
 
     def save_hook(models, weights, output_dir):
         for i, sd in enumerate(weights):
-            weights[i] = {_strip_prefixes(k): v for k, v in sd.items()}
+            weights[i] = {strip_key(k): v for k, v in sd.items()}
 
     def load_hook(models, input_dir):
         from safetensors.torch import load_file

@@ -17,7 +17,7 @@ class LeNet(nn.Module):
         super().__init__()
         side = ((image_size - 2) // 2 - 4) // 2
         if side < 1:
-            raise ValueError(f"lenet needs image_size >= 12, got {image_size}")
+            raise ValueError(f"lenet needs image_size >= 14, got {image_size}")
         self.net = nn.Sequential(
             nn.Conv2d(in_channels, 20, kernel_size=3),
             nn.ReLU(),

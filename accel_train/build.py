@@ -1,0 +1,206 @@
+"""Build a run: config → data → model → optimizer → ``accelerator.prepare`` → resume → run folder → Trainer.
+
+Every input is loaded and checked here, before the run folder is created or an
+earlier run is replaced.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from accel_train.checkpoint.state import (
+    CHECKPOINT_DIR,
+    TrainState,
+    install_unwrapped_weight_hooks,
+    load_checkpoint,
+    read_progress,
+    resolve_resume,
+)
+from accel_train.config import TrainConfig, save_config
+from accel_train.data import build_dataset
+from accel_train.data.base import DataSplits
+from accel_train.data.pipeline import BatchNormalizer, BatchPlan, make_loader, plan_batches
+from accel_train.errors import CheckpointError
+from accel_train.fsio import writing
+from accel_train.meters import Window
+from accel_train.metrics import load_metric
+from accel_train.models import check_model_name, create_model
+from accel_train.optim import build_optimizer, build_scheduler
+from accel_train.run_dir import ABANDONED, CONFIG, RunDir
+from accel_train.runtime import Runtime
+from accel_train.tracking import RunLogger
+from accel_train.trainer import Trainer
+
+
+def build_trainer(cfg: TrainConfig, rt: Runtime, run_dir: RunDir) -> Trainer:
+    """Everything a run needs, prepared for this setup; the run folder is created and locked last."""
+    acc = rt.accelerator
+    check_model_name(cfg.model)  # before a possibly long dataset load
+    resume_path = resolve_resume(cfg.resume, cfg.output_dir)
+    if resume_path is not None:
+        branch_if_older(cfg, rt, run_dir, resume_path, move=False)  # refuse early, move only once all loaded
+    with acc.main_process_first():  # downloads and caches happen once
+        splits = build_dataset(cfg.data_config())
+        metric = load_metric("accuracy")
+    plan = plan_batches(
+        acc.num_processes, cfg.batch_size, cfg.grad_accum_steps, cfg.global_batch_size, cfg.max_device_batch
+    )
+    acc.gradient_accumulation_steps = plan.accum_steps
+    lr = cfg.lr * plan.global_batch / cfg.batch_size if cfg.scale_lr else cfg.lr
+    model, optimizer, train_dl, eval_dl = _prepare(cfg, rt, splits, plan, lr)
+    steps_per_epoch = len(train_dl) // plan.accum_steps
+    total_steps = cfg.max_steps or steps_per_epoch * cfg.epochs
+    scheduler = build_scheduler(optimizer.optimizer, cfg, total_steps)
+    install_unwrapped_weight_hooks(acc)  # nothing is registered for checkpointing: see checkpoint.verify
+    resolved = {
+        "world_size": acc.num_processes,
+        "distributed_type": acc.distributed_type.value,
+        "mixed_precision": acc.mixed_precision,
+        "device": str(acc.device),
+        "global_batch": plan.global_batch,
+        "micro_batch": plan.micro_batch,
+        "accum_steps": plan.accum_steps,
+        "lr": lr,
+        "total_steps": total_steps,
+        "steps_per_epoch": steps_per_epoch,
+    }
+    meta = {"model_config": _model_config(cfg, splits), "config": cfg.to_dict(), "resolved": resolved}
+    state = _resume(cfg, rt, resume_path, scheduler, plan) if resume_path else TrainState()
+    _open_run_folder(cfg, rt, run_dir, resume_path, resolved)
+    rt.print(  # before the progress bar exists, so the header does not end up on the bar's line
+        f"accel_train: {cfg.model} on {cfg.dataset} ({len(splits.train)} train / {len(splits.test)} test) | "
+        f"{acc.num_processes} process(es), {acc.distributed_type.value}, device {acc.device}, "
+        f"mixed precision {acc.mixed_precision}, {rt.threads} thread(s)/process\n"
+        f"accel_train: {plan.describe()}; lr {lr:g}; {total_steps} steps ({steps_per_epoch}/epoch)"
+        + (f"; resumed from {resume_path} at step {state.global_step}" if resume_path else "")
+    )
+    logger = RunLogger(acc, cfg.output_dir, total_steps, state.global_step, cfg.progress, cfg.report_to != "none")
+    window = Window(acc.device)
+    window.restore(state.extra.get("log_window"), acc.is_main_process)
+    if resume_path is not None:
+        logger.event("resume", state.global_step, state.epoch, path=str(resume_path))
+    info = splits.info
+    return Trainer(
+        cfg=cfg,
+        rt=rt,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        train_dl=train_dl,
+        eval_dl=eval_dl,
+        normalizer=BatchNormalizer(info.mean, info.std, cfg.channels_last),
+        plan=plan,
+        info=info,
+        total_steps=total_steps,
+        steps_per_epoch=steps_per_epoch,
+        logger=logger,
+        meta=meta,
+        metric=metric,
+        run_dir=run_dir,
+        state=state,
+        resume_path=resume_path,
+        window=window,
+    )
+
+
+def _prepare(cfg: TrainConfig, rt: Runtime, splits: DataSplits, plan: BatchPlan, lr: float):
+    """Model (identical init on every rank), optimizer and loaders, through ``accelerator.prepare``."""
+    from accelerate.utils import set_seed
+
+    acc = rt.accelerator
+    set_seed(cfg.seed)
+    if hasattr(splits.train, "augment_seed"):
+        splits.train.augment_seed = cfg.seed
+    info = splits.info
+    model = create_model(cfg.model, info.num_classes, info.in_channels, info.image_size)
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    model = rt.prepare_model(model)
+    if cfg.compile:
+        model = torch.compile(model)
+    optimizer = build_optimizer(cfg, model, lr)
+    workers = 0 if splits.in_memory else cfg.num_workers  # in-memory batches are one index op
+    pin = acc.device.type == "cuda"
+    train_dl = make_loader(
+        splits.train,
+        plan.micro_batch,
+        shuffle=True,
+        seed=cfg.seed,
+        drop_to_multiple_of=plan.global_batch,
+        num_workers=workers,
+        pin_memory=pin,
+    )
+    eval_batch = cfg.eval_batch_size or 2 * plan.micro_batch
+    eval_dl = make_loader(splits.test, eval_batch, shuffle=False, seed=cfg.seed, num_workers=workers, pin_memory=pin)
+    return acc.prepare(model, optimizer, train_dl, eval_dl)
+
+
+def _model_config(cfg: TrainConfig, splits: DataSplits) -> dict[str, Any]:
+    """What an export's config.json needs to rebuild the model and its input normalisation."""
+    info = splits.info
+    return {
+        "model": cfg.model,
+        "num_classes": info.num_classes,
+        "in_channels": info.in_channels,
+        "image_size": info.image_size,
+        "mean": list(info.mean),
+        "std": list(info.std),
+        "class_names": info.class_names,
+        "dataset": cfg.dataset,
+    }
+
+
+def _resume(cfg: TrainConfig, rt: Runtime, resume_path: Path, scheduler, plan: BatchPlan) -> TrainState:
+    acc = rt.accelerator
+    state, progress, notes = load_checkpoint(acc, resume_path, scheduler, cfg.resume_inexact, cfg.seed)
+    for note in notes:
+        rt.warn(f"resume is not exact: {note}")
+    acc.step = 0  # micro-step counter: re-aligned to the (maybe different) accumulation of this setup
+    old = progress.get("resolved", {})
+    if old.get("global_batch") not in (None, plan.global_batch):
+        rt.warn(
+            f"resuming a run trained with global batch {old['global_batch']} at global batch "
+            f"{plan.global_batch}: pass --global-batch-size {old['global_batch']} to continue it exactly"
+        )
+    return state
+
+
+def _open_run_folder(
+    cfg: TrainConfig, rt: Runtime, run_dir: RunDir, resume_path: Path | None, resolved: dict[str, Any]
+) -> None:
+    """Create, lock and (with --overwrite) stage the folder, branch if asked, write config.yaml (collective)."""
+    acc = rt.accelerator
+    if rt.is_main:
+        for note in run_dir.prepare(overwrite=cfg.overwrite and cfg.resume == "none"):
+            rt.print(f"accel_train: {note}")
+    acc.wait_for_everyone()  # locked from here on
+    if resume_path is not None:
+        branch_if_older(cfg, rt, run_dir, resume_path, move=True)
+    if rt.is_main:
+        with writing(run_dir / CONFIG, "the run config"):
+            save_config(cfg, run_dir / CONFIG, extra=resolved)
+    if cfg.report_to != "none":
+        acc.init_trackers(
+            "tb", config={k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool))}
+        )
+
+
+def branch_if_older(cfg: TrainConfig, rt: Runtime, run_dir: RunDir, resume_path: Path, move: bool) -> None:
+    """A resume from an older checkpoint: refuse, or with --branch move the newer timeline aside (main)."""
+    step = read_progress(resume_path)["state"]["global_step"]
+    newer = run_dir.newer_checkpoints(step, resume_path)
+    if not newer:
+        return
+    if not cfg.branch:
+        listed = ", ".join(f"step {s}" for s in newer[:5])
+        raise CheckpointError(
+            f"--resume {resume_path} is at step {step}, but {run_dir / CHECKPOINT_DIR} holds newer checkpoints "
+            f"({listed}) of the timeline you would leave; pass --branch to move them to "
+            f"{run_dir / ABANDONED}/ and continue from step {step}, or resume into another --output-dir"
+        )
+    if move and rt.is_main:
+        dest = run_dir.abandon_after(step, resume_path)
+        rt.print(f"accel_train: --branch: moved the checkpoints after step {step} and their metrics to {dest}")

@@ -1,0 +1,345 @@
+"""The training loop as a ``Trainer``: ``fit`` drives ``train_epoch``, ``evaluate`` and ``checkpoint``.
+
+Written once against ``accelerate.Accelerator``; the launcher and its config decide
+whether it runs on one CPU, one GPU, DataParallel, DDP or many machines. Everything
+is built by :func:`accel_train.build.build_trainer`; the trainer only runs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from accel_train.checkpoint.state import CHECKPOINT_DIR, TrainState, save_checkpoint
+from accel_train.config import TrainConfig
+from accel_train.data.base import DatasetInfo
+from accel_train.data.pipeline import BatchNormalizer, BatchPlan
+from accel_train.errors import NonFiniteLossError
+from accel_train.evaluation import evaluate_model
+from accel_train.fsio import write_json_atomic
+from accel_train.meters import StepTimer, Window
+from accel_train.run_dir import BEST, CONFUSION_JSON, CONFUSION_PNG, MODEL, SUMMARY, RunDir
+from accel_train.runtime import Runtime
+from accel_train.tracking import RunLogger
+
+SIGNAL_VOTE_EVERY = 10  # steps between the ranks' votes on SIGTERM/SIGINT
+PREEMPT_GRACE_S = 25.0  # torchrun and Slurm send SIGKILL ~30 s after SIGTERM
+WARMUP_STEPS_EXCLUDED = 5  # steady-state throughput ignores the first steps (allocation, caches)
+
+
+class StopTraining(Exception):
+    """Raised inside the epoch loop to stop at a step boundary (stop-at-step, SIGTERM/SIGINT)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _give_up(signum: int) -> None:
+    print(
+        f"accel_train: no step boundary reached {PREEMPT_GRACE_S:.0f}s after {signal.Signals(signum).name}; "
+        "exiting without a new checkpoint (the previous one is intact)",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(128 + signum)
+
+
+@dataclass
+class Trainer:
+    """The prepared objects of one run and the state it advances."""
+
+    cfg: TrainConfig
+    rt: Runtime
+    model: nn.Module
+    optimizer: Any
+    scheduler: Any
+    train_dl: Any
+    eval_dl: Any
+    normalizer: BatchNormalizer
+    plan: BatchPlan
+    info: DatasetInfo
+    total_steps: int
+    steps_per_epoch: int
+    logger: RunLogger
+    meta: dict[str, Any]
+    metric: Any
+    run_dir: RunDir
+    state: TrainState
+    resume_path: Path | None = None
+    timer: StepTimer = field(default_factory=StepTimer)
+    window: Window | None = None
+    stop_signal: int | None = None
+    last_saved: tuple[int, int] | None = None
+    last_eval_step: int | None = None
+    saves: int = 0  # checkpoints this run (attempt) has saved
+    _watchdog: list[threading.Timer] = field(default_factory=list)
+
+    @property
+    def acc(self):
+        return self.rt.accelerator
+
+    # ---- running -------------------------------------------------------------------------------------------
+    def fit(self, t_launch: float) -> dict[str, Any]:
+        """Train to ``total_steps`` (or a stop), then evaluate, export and summarise; returns the summary."""
+        state, cfg = self.state, self.cfg
+        epochs = math.ceil(self.total_steps / self.steps_per_epoch)
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        stopped = None
+        try:
+            while state.global_step < self.total_steps and state.epoch < epochs:
+                self.train_epoch()
+                if state.step_in_epoch >= self.steps_per_epoch:  # the epoch is complete
+                    state.epoch += 1
+                    state.step_in_epoch = 0
+                    self.log_eval(self.evaluate())
+                    self.logger.event("epoch", state.global_step, state.epoch)
+                    if cfg.checkpoint_epochs:
+                        self.checkpoint()
+            # a run that ends mid-epoch (--max-steps) still leaves a resumable final state
+            if (cfg.checkpoint_epochs or cfg.checkpoint_every) and state.step_in_epoch:
+                self.checkpoint()
+        except StopTraining as stop:
+            stopped = stop.reason
+            self.checkpoint()
+            self.logger.write(
+                f"accel_train: stopped at step {state.global_step} ({stop.reason}); checkpoint saved, "
+                f"continue with --resume auto"
+            )
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            for timer in self._watchdog:
+                timer.cancel()
+            self.logger.close()
+        summary = {"stopped": stopped, "global_step": state.global_step} if stopped else self.finish(t_launch)
+        self.rt.end()
+        return summary
+
+    def _on_signal(self, signum, frame) -> None:
+        # Stop at the next step boundary with a checkpoint. If this rank is stuck (a peer died or hangs
+        # in a collective), leave before the launcher's SIGKILL instead of ignoring the signal.
+        self.stop_signal = signum
+        if not self._watchdog:
+            timer = threading.Timer(PREEMPT_GRACE_S, _give_up, args=(signum,))
+            timer.daemon = True
+            timer.start()
+            self._watchdog.append(timer)
+
+    def train_epoch(self) -> None:
+        """Train until the epoch ends or ``total_steps`` is reached."""
+        cfg, acc, model, state = self.cfg, self.acc, self.model, self.state
+        self.train_dl.set_epoch(state.epoch)
+        loader = self.train_dl
+        if state.step_in_epoch:  # mid-epoch resume: skip what this epoch already consumed
+            loader = acc.skip_first_batches(self.train_dl, state.step_in_epoch * self.plan.accum_steps)
+            loader.set_epoch(state.epoch)
+        model.train()
+        bad = torch.zeros((), device=acc.device)
+        self._last_log = (time.perf_counter(), state.samples_seen)
+        self._t_prev = time.perf_counter()
+        for images, labels in loader:
+            t_data = time.perf_counter()
+            with acc.accumulate(model):
+                logits = model(self.normalizer(images))
+                loss = F.cross_entropy(logits.float(), labels)
+                acc.backward(loss)
+                skip = False
+                if cfg.skip_nonfinite:  # opt-in: one small all-reduce per optimizer step
+                    bad += (~torch.isfinite(loss.detach())).float()
+                    if acc.sync_gradients:
+                        skip = acc.reduce(bad, reduction="sum").item() > 0
+                        bad.zero_()
+                if acc.sync_gradients and cfg.max_grad_norm > 0 and not skip:
+                    acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                if not skip:
+                    self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+            self.window.add(loss, logits, labels, finite_only=cfg.skip_nonfinite)
+            if not acc.sync_gradients:
+                self._account(t_data, optimizer_step=False)
+                continue
+            self._after_optimizer_step(skip, t_data)
+            if state.global_step >= self.total_steps:
+                break
+
+    def _after_optimizer_step(self, skipped: bool, t_data: float) -> None:
+        """Step accounting, logging, evaluation, checkpoint and the stop vote after one optimizer step."""
+        cfg, acc, state = self.cfg, self.acc, self.state
+        if skipped:
+            state.nonfinite_skipped += 1
+        elif not acc.optimizer_step_was_skipped:
+            self.scheduler.step()
+        state.global_step += 1
+        state.step_in_epoch += 1
+        state.samples_seen += self.plan.global_batch
+        self.logger.advance()
+        reason = self.stop_requested()
+        save_now = bool(reason) or bool(cfg.checkpoint_every and state.global_step % cfg.checkpoint_every == 0)
+        if cfg.log_every and state.global_step % cfg.log_every == 0:
+            self._log_train()
+        elif save_now:  # never checkpoint a NaN state: check (and keep) the open window first
+            self.check_finite(self.window.reduce(acc)[0])
+        if cfg.eval_every and state.global_step % cfg.eval_every == 0:
+            self.log_eval(self.evaluate())
+        if save_now:
+            self.checkpoint()
+        self._account(t_data, optimizer_step=True)
+        if reason:
+            raise StopTraining(reason)
+
+    def _log_train(self) -> None:
+        state = self.state
+        tot_loss, tot_correct, tot_seen = self.window.reduce(self.acc)
+        self.check_finite(tot_loss)
+        now = time.perf_counter()
+        last_t, last_samples = self._last_log
+        rate = (state.samples_seen - last_samples) / max(now - last_t, 1e-9)
+        self._last_log = (now, state.samples_seen)
+        values = {
+            "loss": tot_loss / max(tot_seen, 1),
+            "accuracy": tot_correct / max(tot_seen, 1),
+            "lr": self.scheduler.get_last_lr()[0],
+            "samples_per_s": rate,
+        }
+        self.logger.log("train", state.global_step, state.epoch, values)
+        self.window.restore(None, self.acc.is_main_process)
+
+    def _account(self, t_data: float, optimizer_step: bool) -> None:
+        """Host-side time split of the steady state: waiting for data vs everything else."""
+        now = time.perf_counter()
+        if self.state.global_step >= WARMUP_STEPS_EXCLUDED:
+            self.timer.data_wait += t_data - self._t_prev
+            self.timer.total += now - self._t_prev
+            self.timer.samples += self.plan.global_batch if optimizer_step else 0
+        self._t_prev = now
+
+    def stop_requested(self) -> str | None:
+        """Agree across ranks on whether to stop now (a signal may reach only some ranks).
+
+        Several processes vote with one small all-reduce every ``SIGNAL_VOTE_EVERY`` steps
+        (at most ``--log-every``), not every step: on gloo a per-step vote cost up to 1 ms.
+        """
+        acc, cfg, step = self.acc, self.cfg, self.state.global_step
+        if cfg.stop_at_step is not None and step >= cfg.stop_at_step:
+            return f"--stop-at-step {cfg.stop_at_step}"
+        flag = self.stop_signal or 0
+        if acc.num_processes > 1:
+            every = max(1, min(cfg.log_every, SIGNAL_VOTE_EVERY))
+            if step % every:
+                return None
+            flag = int(acc.reduce(torch.tensor([flag], device=acc.device), reduction="max").item())
+        return f"received {signal.Signals(flag).name}" if flag else None
+
+    def check_finite(self, loss_sum: float) -> None:
+        if not math.isfinite(loss_sum):
+            raise NonFiniteLossError(
+                f"training loss became {loss_sum} by step {self.state.global_step}; stopping. The last good "
+                f"checkpoint in {Path(self.cfg.output_dir) / CHECKPOINT_DIR} is kept. Lower --lr, keep "
+                "--max-grad-norm on, or pass --skip-nonfinite to skip such steps"
+            )
+
+    # ---- evaluation, checkpoints, exports ------------------------------------------------------------------
+    def evaluate(self, with_confusion: bool = False) -> dict[str, Any]:
+        return evaluate_model(
+            self.acc, self.model, self.eval_dl, self.normalizer, self.metric, self.info.num_classes, with_confusion
+        )
+
+    def log_eval(self, result: dict[str, Any]) -> None:
+        state = self.state
+        values = {k: v for k, v in result.items() if k != "confusion"}
+        self.logger.log("eval", state.global_step, state.epoch, values)
+        self.last_eval_step = state.global_step
+        if state.best_metric is None or result["eval_accuracy"] > state.best_metric:
+            state.best_metric, state.best_step = result["eval_accuracy"], state.global_step
+            self.export(self.run_dir / BEST)
+
+    def checkpoint(self) -> None:
+        state, cfg = self.state, self.cfg
+        position = (state.global_step, state.epoch)
+        if self.last_saved == position:  # e.g. --checkpoint-every fired on the step we stop at
+            return
+        state.extra["log_window"] = self.window.reduce(self.acc)
+        path = save_checkpoint(
+            self.acc,
+            cfg.output_dir,
+            state,
+            self.meta,
+            cfg.keep_last,
+            scheduler_state=self.scheduler.state_dict(),
+            # the checkpoint this run resumed from stays until the run has saved --keep-last of its own
+            protect=self.resume_path if self.saves + 1 < cfg.keep_last else None,
+        )
+        self.saves += 1
+        if self.rt.is_main:
+            self.run_dir.commit_replace()  # the new run now has something worth keeping
+        self.last_saved = position
+        self.logger.event("checkpoint", state.global_step, state.epoch, path=str(path))
+
+    def export(self, out_dir: Path) -> None:
+        """Unwrapped safetensors + config.json (main process writes; every rank must call)."""
+        from accel_train.checkpoint.weights import export_weights
+
+        state_dict = self.acc.get_state_dict(self.model)  # collective under FSDP/DeepSpeed
+        if self.rt.is_main:
+            export_weights(state_dict, out_dir, self.meta["model_config"])
+
+    def finish(self, t_launch: float) -> dict[str, Any]:
+        """Final evaluation, export, summary.json, confusion matrix and plots."""
+        state, acc, rt, plan = self.state, self.acc, self.rt, self.plan
+        final = self.evaluate(with_confusion=True)
+        if self.last_eval_step != state.global_step:  # else the epoch-end eval at this step is already logged
+            self.log_eval(final)
+        self.export(self.run_dir / MODEL)
+        summary = {
+            "eval_accuracy": final["eval_accuracy"],
+            "eval_loss": final["eval_loss"],
+            "eval_samples": final["eval_samples"],
+            "global_step": state.global_step,
+            "epochs_completed": state.epoch,
+            "samples_seen": state.samples_seen,
+            "best_eval_accuracy": state.best_metric,
+            "best_step": state.best_step,
+            "nonfinite_skipped": state.nonfinite_skipped,
+            "world_size": acc.num_processes,
+            "distributed_type": acc.distributed_type.value,
+            "mixed_precision": acc.mixed_precision,
+            "device": str(acc.device),
+            "data_parallel": rt.data_parallel,
+            "global_batch": plan.global_batch,
+            "micro_batch": plan.micro_batch,
+            "accum_steps": plan.accum_steps,
+            "threads_per_process": rt.threads,
+            "wall_time_s": time.perf_counter() - t_launch,
+            "train_samples_per_s": self.timer.samples / self.timer.total if self.timer.total > 0 else None,
+            "data_wait_fraction": self.timer.fraction(),
+        }
+        if rt.is_main:
+            self._write_results(summary, final["confusion"])
+        return summary
+
+    def _write_results(self, summary: dict[str, Any], confusion: torch.Tensor) -> None:
+        out, names = self.run_dir.path, self.info.class_names
+        write_json_atomic(out / SUMMARY, summary, "the run summary")
+        write_json_atomic(out / CONFUSION_JSON, {"class_names": names, "matrix": confusion.tolist()}, "the confusion")
+        self.run_dir.commit_replace()
+        if self.cfg.plots:
+            from accel_train.plots import plot_confusion_matrix, plot_curves
+
+            plot_curves(out)
+            plot_confusion_matrix(confusion.numpy(), names, out / CONFUSION_PNG)
+        self.rt.print(
+            f"accel_train: eval_accuracy {summary['eval_accuracy']:.4f} | eval_loss {summary['eval_loss']:.4f} | "
+            f"{self.state.global_step} steps in {summary['wall_time_s']:.1f}s | wrote {out}"
+        )
