@@ -128,7 +128,8 @@ class RunLock:
     def _judge_by_pid(self, info: dict[str, Any]) -> None:
         """No flock on this filesystem: a recorded live PID on this host, or any other host's, holds it."""
         mine = info.get("host") == socket.gethostname()
-        if info.get("pid") and (not mine or pid_alive(int(info["pid"]))):
+        pid = info.get("pid")
+        if isinstance(pid, int) and pid > 0 and (not mine or pid_alive(pid)):
             raise self._busy(info)
 
     def acquire(self) -> None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from accel_train.checkpoint.state import _strip_prefixes
+from accel_train.checkpoint.keys import strip_key
 from accel_train.data.pipeline import EpochSampler, plan_batches
 from accel_train.errors import LaunchError, UserError
 from accel_train.models import create_model
@@ -43,10 +43,10 @@ def test_data_parallel_wrapper_uses_every_visible_gpu_and_checkpoints_stay_unwra
     assert isinstance(wrapped, nn.DataParallel) and wrapped.module is model
     keys = list(wrapped.state_dict())
     assert all(k.startswith("module.") for k in keys)
-    assert {_strip_prefixes(k) for k in keys} == set(model.state_dict())
+    assert {strip_key(k) for k in keys} == set(model.state_dict())
     # torch.compile on top of DataParallel, in either order
-    assert _strip_prefixes("_orig_mod.module.net.0.weight") == "net.0.weight"
-    assert _strip_prefixes("module._orig_mod.net.0.weight") == "net.0.weight"
+    assert strip_key("_orig_mod.module.net.0.weight") == "net.0.weight"
+    assert strip_key("module._orig_mod.net.0.weight") == "net.0.weight"
 
 
 def test_runtime_wraps_the_model_when_one_process_sees_several_gpus(monkeypatch):
