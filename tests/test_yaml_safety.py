@@ -14,7 +14,8 @@ import pytest
 from conftest import run_script
 
 from accel_train.cli import run_main
-from accel_train.config import YAML_MAX_BYTES, load_yaml_config, parse_config
+from accel_train.config import parse_config
+from accel_train.config_yaml import YAML_MAX_BYTES, load_yaml_config
 from accel_train.errors import UserError
 
 

@@ -91,29 +91,13 @@ def _mismatch_message(
         shapes = [f"{k} {list(a)} in file vs {list(b)} in model" for k, a, b in mismatched]
         parts.append(f"shape mismatches: {first(shapes, 3)}")
 
-    causes: list[str] = []
     matched = len(set(sd) & set(expected))
+    causes: list[str] = []
     if (missing or unexpected) and matched < max(1, len(expected)) // 2:
         causes.append("the weights are probably for another model architecture")
     elif missing or unexpected:
         causes.append("the weights are probably for another version or variant of this model")
-    names = list(expected)
-    weights = [k for k in names if k.endswith("weight") and expected[k].dim() >= 2]
-    first_conv = next((k for k in weights if expected[k].dim() >= 3), weights[0] if weights else None)
-    last_linear = next((k for k in reversed(weights) if expected[k].dim() == 2), None)
-    last_bias = last_linear[: -len("weight")] + "bias" if last_linear else None
-    other_shapes = False
-    for key, file_shape, model_shape in mismatched:
-        if key == first_conv and file_shape[1:2] != model_shape[1:2]:
-            causes.append(f"in_channels differs: {file_shape[1]} in the file, {model_shape[1]} in the model")
-        elif key in (last_linear, last_bias) and file_shape[:1] != model_shape[:1]:
-            cause = f"num_classes differs: {file_shape[0]} in the file, {model_shape[0]} in the model"
-            if cause not in causes:
-                causes.append(cause)
-        else:
-            other_shapes = True
-    if other_shapes:
-        causes.append("other layer sizes differ (another image_size or model width?)")
+    causes += _shape_causes(expected, mismatched)
     config = meta.get("model_config")
     if config:
         desc = ", ".join(
@@ -127,6 +111,28 @@ def _mismatch_message(
     if meta.get("config_path"):
         fix = f"make {meta['config_path']} describe these weights, or {fix}"
     return f"{message}; {fix}"
+
+
+def _shape_causes(expected: Mapping[str, Tensor], mismatched: list[tuple[str, tuple, tuple]]) -> list[str]:
+    """Name the constructor argument that explains each shape mismatch: in_channels, num_classes, or other sizes."""
+    weights = [k for k in expected if k.endswith("weight") and expected[k].dim() >= 2]
+    first_conv = next((k for k in weights if expected[k].dim() >= 3), weights[0] if weights else None)
+    last_linear = next((k for k in reversed(weights) if expected[k].dim() == 2), None)
+    last_bias = last_linear[: -len("weight")] + "bias" if last_linear else None
+    causes: list[str] = []
+    other_shapes = False
+    for key, file_shape, model_shape in mismatched:
+        if key == first_conv and file_shape[1:2] != model_shape[1:2]:
+            causes.append(f"in_channels differs: {file_shape[1]} in the file, {model_shape[1]} in the model")
+        elif key in (last_linear, last_bias) and file_shape[:1] != model_shape[:1]:
+            cause = f"num_classes differs: {file_shape[0]} in the file, {model_shape[0]} in the model"
+            if cause not in causes:
+                causes.append(cause)
+        else:
+            other_shapes = True
+    if other_shapes:
+        causes.append("other layer sizes differ (another image_size or model width?)")
+    return causes
 
 
 def load_weights(source: str | os.PathLike | Mapping[str, Tensor], model: nn.Module, strict: bool = True) -> dict:
@@ -234,6 +240,23 @@ def load_model(source: str | os.PathLike, model_name: str | None = None, **overr
     return model, config
 
 
+def _standalone_tensors(sd: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """CPU, contiguous tensors that own their storage: safetensors refuses shared or partial storages."""
+    tensors: dict[str, Tensor] = {}
+    seen: set[int] = set()
+    for name, tensor in sd.items():
+        t = tensor.detach().to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr() if t.numel() else None
+        if ptr is not None and ptr in seen:
+            t = t.clone()  # tied weights
+        elif ptr is not None:
+            seen.add(ptr)
+        if t.numel() and t.untyped_storage().nbytes() != t.numel() * t.element_size():
+            t = t.clone()  # a view into a bigger storage: keep only its own data
+        tensors[name] = t
+    return tensors
+
+
 def export_weights(
     model_or_state_dict: nn.Module | Mapping[str, Tensor], out_dir: str | os.PathLike, config: dict | None
 ) -> Path:
@@ -263,18 +286,7 @@ def export_weights(
         except (TypeError, ValueError) as e:
             raise UserError(f"the model config cannot be written as JSON: {_short(e)}") from None
 
-    tensors: dict[str, Tensor] = {}
-    seen: set[int] = set()
-    for name, tensor in sd.items():
-        t = tensor.detach().to("cpu").contiguous()
-        ptr = t.untyped_storage().data_ptr() if t.numel() else None
-        if ptr is not None and ptr in seen:
-            t = t.clone()
-        elif ptr is not None:
-            seen.add(ptr)
-        if t.numel() and t.untyped_storage().nbytes() != t.numel() * t.element_size():
-            t = t.clone()  # a view into a bigger storage: keep only its own data
-        tensors[name] = t
+    tensors = _standalone_tensors(sd)
 
     out = Path(out_dir).expanduser()
     try:
