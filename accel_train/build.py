@@ -84,13 +84,13 @@ def build_trainer(cfg: TrainConfig, rt: Runtime, run_dir: RunDir) -> Trainer:
         logger.event("resume", state.global_step, state.epoch, path=str(resume_path))
     info = splits.info
     return Trainer(
-        cfg=cfg,
-        rt=rt,
-        model=model,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        train_dl=train_dl,
-        eval_dl=eval_dl,
+        cfg,
+        rt,
+        model,
+        optimizer,
+        scheduler,
+        train_dl,
+        eval_dl,
         normalizer=BatchNormalizer(info.mean, info.std, cfg.channels_last),
         plan=plan,
         info=info,

@@ -104,6 +104,11 @@ def should_use_data_parallel(distributed_type: str, device_type: str, cuda_devic
     return str(distributed_type).endswith("NO") and device_type == "cuda" and cuda_device_count > 1
 
 
+def fp16_ignored(mixed_precision: str | None, device_type: str) -> bool:
+    """accelerate silently trains in fp32 when fp16 is asked for on CPU."""
+    return mixed_precision == "fp16" and device_type == "cpu"
+
+
 def wrap_data_parallel(model: nn.Module, cuda_device_count: int) -> nn.Module:
     """Wrap in ``nn.DataParallel`` over every visible GPU (the seeds' recipe).
 
@@ -200,7 +205,7 @@ def build_runtime(cfg: TrainConfig, log_with: list | None = None) -> Runtime:
             f"the accelerate config asked for {accelerator.num_processes} GPU processes but this machine has no "
             "CUDA device; training with gloo DDP on CPU instead. Use accelerate_configs/multi_cpu.yaml to mean it."
         )
-    if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
+    if fp16_ignored(accelerator.mixed_precision, accelerator.device.type):
         runtime.warn("fp16 mixed precision is ignored on CPU (accelerate trains in fp32); use bf16, which works on CPU")
     return runtime
 

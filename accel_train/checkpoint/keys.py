@@ -4,8 +4,10 @@ knows how to take them off a model or a state dict, in any order and nesting."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from torch import Tensor, nn
+if TYPE_CHECKING:  # torch is imported only where a model is unwrapped: run folders and plots stay light
+    from torch import Tensor, nn
 
 #: Key prefixes added by wrappers: DataParallel/DDP (``module.``) and torch.compile (``_orig_mod.``).
 WRAPPER_PREFIXES: tuple[str, ...] = ("module.", "_orig_mod.")
@@ -20,6 +22,8 @@ def strip_key(key: str) -> str:
 
 def unwrap_model(model: nn.Module) -> nn.Module:
     """Return the plain module inside DataParallel/DDP and torch.compile wrappers (any nesting)."""
+    from torch import nn
+
     while True:
         if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
             model = model.module

@@ -56,6 +56,11 @@ class DataSplits:
     in_memory: bool = True
     extra: dict = field(default_factory=dict)
 
+    @classmethod
+    def of_tensors(cls, train: tuple, test: tuple, info: DatasetInfo, transform=None, **extra) -> DataSplits:
+        """Splits held in memory as uint8 ``(images, labels)`` tensors; ``transform`` augments training only."""
+        return cls(TensorImageDataset(*train, transform=transform), TensorImageDataset(*test), info, True, extra)
+
 
 class TensorImageDataset(Dataset):
     """A whole split held as one ``uint8`` tensor.

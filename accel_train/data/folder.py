@@ -315,14 +315,6 @@ def build_imagefolder(cfg: DataConfig, path: str) -> DataSplits:
     train_ds = LazyImageDataset(train, "image", "label", channels, size, transform=transform)
     test_ds = LazyImageDataset(test, "image", "label", channels, size)
     mean, std = sample_stats(train_ds)
-    info = DatasetInfo(
-        name=f"imagefolder:{path}",
-        num_classes=len(class_names),
-        in_channels=channels,
-        image_size=size,
-        class_names=class_names,
-        mean=mean,
-        std=std,
-    )
+    info = DatasetInfo(f"imagefolder:{path}", len(class_names), channels, size, class_names, mean, std)
     extra = {"source": str(root), "augment": augment, "split": "folders" if split_layout else "stratified"}
     return DataSplits(train_ds, test_ds, info, in_memory=False, extra=extra)

@@ -199,14 +199,6 @@ def build_hf(cfg: DataConfig, name: str) -> DataSplits:
         train_ds = LazyImageDataset(train, image_col, label_col, channels, size, label_map, transform=transform)
         test_ds = LazyImageDataset(test, image_col, label_col, channels, size, label_map)
         mean, std = sample_stats(train_ds)
-    info = DatasetInfo(
-        name=f"hf:{name}",
-        num_classes=len(class_names),
-        in_channels=channels,
-        image_size=size,
-        class_names=class_names,
-        mean=mean,
-        std=std,
-    )
+    info = DatasetInfo(f"hf:{name}", len(class_names), channels, size, class_names, mean, std)
     extra = {"source": source, "augment": augment, "image_column": image_col, "label_column": label_col}
     return DataSplits(train_ds, test_ds, info, in_memory=in_memory, extra=extra)

@@ -33,7 +33,6 @@ from accel_train.data.base import (
     DataConfig,
     DatasetInfo,
     DataSplits,
-    TensorImageDataset,
 )
 from accel_train.errors import UserError
 
@@ -256,13 +255,8 @@ def _build_idx(
         mean=(mean,),
         std=(std,),
     )
-    return DataSplits(
-        TensorImageDataset(x_train, y_train, transform=transform),
-        TensorImageDataset(x_test, y_test),
-        info,
-        in_memory=True,
-        extra={"augment": augment, "source": str(raw)},
-    )
+    splits = (x_train, y_train), (x_test, y_test)
+    return DataSplits.of_tensors(*splits, info, transform, augment=augment, source=str(raw))
 
 
 def build_mnist(cfg: DataConfig) -> DataSplits:
@@ -411,10 +405,5 @@ def build_cifar10(cfg: DataConfig) -> DataSplits:
         mean=(0.4914, 0.4822, 0.4465),
         std=(0.2470, 0.2435, 0.2616),
     )
-    return DataSplits(
-        TensorImageDataset(x_train, y_train, transform=transform),
-        TensorImageDataset(x_test, y_test),
-        info,
-        in_memory=True,
-        extra={"augment": augment, "source": str(directory)},
-    )
+    splits = (x_train, y_train), (x_test, y_test)
+    return DataSplits.of_tensors(*splits, info, transform, augment=augment, source=str(directory))
