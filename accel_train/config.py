@@ -171,10 +171,9 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     def data_config(self):
-        from accel_train.data.base import DataConfig
+        from accel_train.data.base import DATA_FIELDS, DataConfig
 
-        names = {f.name for f in fields(DataConfig)}
-        return DataConfig(**{k: v for k, v in self.to_dict().items() if k in names})
+        return DataConfig(**{name: getattr(self, name) for name in DATA_FIELDS})
 
 
 def _exists(path: str) -> bool:

@@ -10,31 +10,37 @@ device (:class:`accel_train.data.pipeline.BatchNormalizer`), never per sample.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, make_dataclass
 
 import torch
 from torch.utils.data import Dataset
 
+from accel_train.config import TrainConfig
 
-@dataclass
-class DataConfig:
-    """The slice of the training config that dataset builders read."""
-
-    dataset: str = "digits"
-    data_dir: str = "data"
-    download: bool = False
-    image_size: int | None = None  # None: the dataset's natural size
-    seed: int = 42
-    val_split: float = 0.2  # used when a source has no test split
-    image_column: str | None = None
-    label_column: str | None = None
-    augment: bool | None = None  # None: the dataset's default
-    # synthetic only
-    synthetic_size: int = 2048
-    synthetic_test_size: int = 512
-    synthetic_channels: int = 1
-    synthetic_image_size: int = 28
-    synthetic_classes: int = 10
+#: The options dataset builders read. Declared once, in ``TrainConfig`` (flag, default, help);
+#: ``DataConfig`` is that slice of it, so ``build_dataset`` needs no training config.
+DATA_FIELDS = (
+    "dataset",
+    "data_dir",
+    "download",
+    "image_size",
+    "seed",
+    "val_split",
+    "image_column",
+    "label_column",
+    "augment",
+    "synthetic_size",
+    "synthetic_test_size",
+    "synthetic_channels",
+    "synthetic_image_size",
+    "synthetic_classes",
+)
+DataConfig = make_dataclass(
+    "DataConfig",
+    [(f.name, f.type, field(default=f.default)) for f in fields(TrainConfig) if f.name in DATA_FIELDS],
+)
+DataConfig.__module__ = __name__
+DataConfig.__doc__ = "The slice of the training config that dataset builders read (see ``DATA_FIELDS``)."
 
 
 @dataclass
