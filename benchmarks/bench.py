@@ -46,6 +46,7 @@ from typing import Any
 
 from accel_train.launch import CONFIG_DIR, REPO, accelerate_launch, child_env
 from accel_train.run_dir import pid_alive
+from accel_train.runtime import available_cores
 
 TRAIN_SCRIPT = REPO / "scripts" / "train.py"
 MODELS = ("mnist_cnn", "lenet", "resnet18", "tv_resnet18")
@@ -164,13 +165,6 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def _tail(text: str, n: int = 1500) -> str:
     return text[-n:].strip()
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
 
 
 def _load_json(path: Path) -> Any:

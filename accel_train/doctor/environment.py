@@ -40,13 +40,6 @@ def _default_config_path() -> str | None:
     return default_config_file if os.path.isfile(default_config_file) else None
 
 
-def _cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
-
-
 @dataclass
 class Environment:
     """What the doctor knows about this machine. Tests build it by hand."""
@@ -75,6 +68,8 @@ class Environment:
     def detect(cls) -> Environment:
         import torch  # needed for the device count; accelerate imports it anyway
 
+        from accel_train.runtime import available_cores
+
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         names = []
         for i in range(count):
@@ -94,7 +89,7 @@ class Environment:
         return cls(
             cuda_device_count=count,
             cuda_device_names=names,
-            cpu_count=_cpu_count(),
+            cpu_count=available_cores(),
             cuda_visible_devices=cvd,
             mpirun_available=shutil.which("mpirun") is not None or shutil.which("mpiexec") is not None,
             versions=_versions(),
