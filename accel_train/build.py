@@ -28,15 +28,22 @@ from accel_train.fsio import writing
 from accel_train.meters import Window
 from accel_train.metrics import load_metric
 from accel_train.models import check_model_name, create_model
-from accel_train.optim import build_optimizer, build_scheduler
+from accel_train.optim import build_optimizer, build_scheduler, replan_schedule
+from accel_train.resume import check_extension
 from accel_train.run_dir import ABANDONED, CONFIG, RunDir
+from accel_train.run_plan import warn_about_run
 from accel_train.runtime import Runtime
 from accel_train.tracking import RunLogger
 from accel_train.trainer import Trainer
 
 
-def build_trainer(cfg: TrainConfig, rt: Runtime, run_dir: RunDir) -> Trainer:
-    """Everything a run needs, prepared for this setup; the run folder is created and locked last."""
+def build_trainer(
+    cfg: TrainConfig, rt: Runtime, run_dir: RunDir, resume_changes: dict[str, list[Any]] | None = None
+) -> Trainer:
+    """Everything a run needs, prepared for this setup; the run folder is created and locked last.
+
+    ``resume_changes``: what this attempt changed in a resumed run's config (``resume.reconcile``).
+    """
     acc = rt.accelerator
     check_model_name(cfg.model)  # before a possibly long dataset load
     resume_path = resolve_resume(cfg.resume, cfg.output_dir)
@@ -53,6 +60,7 @@ def build_trainer(cfg: TrainConfig, rt: Runtime, run_dir: RunDir) -> Trainer:
     model, optimizer, train_dl, eval_dl = _prepare(cfg, rt, splits, plan, lr)
     steps_per_epoch = len(train_dl) // plan.accum_steps
     total_steps = cfg.max_steps or steps_per_epoch * cfg.epochs
+    warn_about_run(cfg, rt, splits, total_steps)  # settings that never fire in a run this short
     scheduler = build_scheduler(optimizer.optimizer, cfg, total_steps)
     install_unwrapped_weight_hooks(acc)  # nothing is registered for checkpointing: see checkpoint.verify
     resolved = {
@@ -68,7 +76,7 @@ def build_trainer(cfg: TrainConfig, rt: Runtime, run_dir: RunDir) -> Trainer:
         "steps_per_epoch": steps_per_epoch,
     }
     meta = {"model_config": _model_config(cfg, splits), "config": cfg.to_dict(), "resolved": resolved}
-    state = _resume(cfg, rt, resume_path, scheduler, plan) if resume_path else TrainState()
+    state = _resume(cfg, rt, resume_path, scheduler, plan, total_steps) if resume_path else TrainState()
     _open_run_folder(cfg, rt, run_dir, resume_path, resolved)
     rt.print(  # before the progress bar exists, so the header does not end up on the bar's line
         f"accel_train: {cfg.model} on {cfg.dataset} ({len(splits.train)} train / {len(splits.test)} test) | "
@@ -81,7 +89,7 @@ def build_trainer(cfg: TrainConfig, rt: Runtime, run_dir: RunDir) -> Trainer:
     window = Window(acc.device)
     window.restore(state.extra.get("log_window"), acc.is_main_process)
     if resume_path is not None:
-        logger.event("resume", state.global_step, state.epoch, path=str(resume_path))
+        logger.event("resume", state.global_step, state.epoch, path=str(resume_path), changed=resume_changes or {})
     info = splits.info
     return Trainer(
         cfg,
@@ -116,11 +124,13 @@ def _prepare(cfg: TrainConfig, rt: Runtime, splits: DataSplits, plan: BatchPlan,
         splits.train.augment_seed = cfg.seed
     info = splits.info
     model = create_model(cfg.model, info.num_classes, info.in_channels, info.image_size)
+    if cfg.sync_bn:  # before DDP wrapping, which must see the synchronised layers
+        from accel_train.sync_bn import apply_sync_bn
+
+        model = apply_sync_bn(model, rt)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    model = rt.prepare_model(model)
-    if cfg.compile:
-        model = torch.compile(model)
+    model = rt.prepare_model(model)  # --compile happens inside prepare, after DDP wrapping (runtime)
     optimizer = build_optimizer(cfg, model, lr)
     workers = 0 if splits.in_memory else cfg.num_workers  # in-memory batches are one index op
     pin = acc.device.type == "cuda"
@@ -153,9 +163,13 @@ def _model_config(cfg: TrainConfig, splits: DataSplits) -> dict[str, Any]:
     }
 
 
-def _resume(cfg: TrainConfig, rt: Runtime, resume_path: Path, scheduler, plan: BatchPlan) -> TrainState:
+def _resume(
+    cfg: TrainConfig, rt: Runtime, resume_path: Path, scheduler, plan: BatchPlan, total_steps: int
+) -> TrainState:
     acc = rt.accelerator
     state, progress, notes = load_checkpoint(acc, resume_path, scheduler, cfg.resume_inexact, cfg.seed)
+    check_extension(cfg, state.global_step, total_steps)
+    replan_schedule(scheduler, total_steps)
     for note in notes:
         rt.warn(f"resume is not exact: {note}")
     acc.step = 0  # micro-step counter: re-aligned to the (maybe different) accumulation of this setup
@@ -183,9 +197,12 @@ def _open_run_folder(
         with writing(run_dir / CONFIG, "the run config"):
             save_config(cfg, run_dir / CONFIG, extra=resolved)
     if cfg.report_to != "none":
-        acc.init_trackers(
-            "tb", config={k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool))}
-        )
+        # No config= here: TensorBoard's add_hparams writes a second, timestamped run into tb/ on every attempt,
+        # so TensorBoard would show one run as two. The config goes in as text, into the run itself.
+        acc.init_trackers("tb")
+        if rt.is_main and cfg.report_to in ("tensorboard", "all"):
+            text = (run_dir / CONFIG).read_text()
+            acc.get_tracker("tensorboard", unwrap=True).add_text("config", f"```\n{text}\n```", 0)
 
 
 def branch_if_older(cfg: TrainConfig, rt: Runtime, run_dir: RunDir, resume_path: Path, move: bool) -> None:

@@ -18,6 +18,15 @@ from typing import Any
 
 from accel_train.cli import ArgumentParser
 from accel_train.errors import UserError
+from accel_train.limits import (
+    MAX_CHANNELS,
+    MAX_CLASSES,
+    MAX_DIST_TIMEOUT,
+    MAX_IMAGE_SIZE,
+    MAX_INT,
+    MAX_SYNTHETIC_BYTES,
+    SEED_LIMIT,
+)
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("cosine", "constant", "linear", "step")
@@ -59,6 +68,14 @@ _NON_NEGATIVE = (
     "momentum",
 )
 
+# upper bounds beyond int64 (every other int field must fit one)
+_AT_MOST = {
+    "image_size": MAX_IMAGE_SIZE,
+    "synthetic_image_size": MAX_IMAGE_SIZE,
+    "synthetic_channels": MAX_CHANNELS,
+    "synthetic_classes": MAX_CLASSES,
+}
+
 
 @dataclass
 class TrainConfig:
@@ -88,6 +105,10 @@ class TrainConfig:
     weight_decay: float = _f(0.0, "weight decay")
     lr_schedule: str = _f("cosine", "LR schedule over optimizer steps", choices=SCHEDULES)
     warmup_steps: int = _f(0, "linear LR warm-up steps")
+    lr_milestones: str = _f(
+        "0.5,0.75", "--lr-schedule step: fractions of training where the LR is multiplied by --lr-gamma"
+    )
+    lr_gamma: float = _f(0.1, "--lr-schedule step: LR factor at each milestone")
     max_grad_norm: float = _f(1.0, "clip gradients to this norm (0 disables)")
     mixed_precision: str | None = _f(None, "override the accelerate config's mixed precision", choices=MIXED_PRECISION)
     seed: int = _f(42, "random seed (data order, init, dropout)")
@@ -108,6 +129,9 @@ class TrainConfig:
     branch: bool = _f(
         False, "with --resume of an older checkpoint: move the newer checkpoints to OUTPUT_DIR/abandoned/ and go on"
     )
+    extend: bool = _f(
+        False, "with --resume: allow a larger --epochs/--max-steps (the LR schedule is re-planned for the new length)"
+    )
     resume_inexact: bool = _f(
         False, "resume even if a rank's random state is missing or unusable (that rank starts from a fresh seed)"
     )
@@ -117,6 +141,11 @@ class TrainConfig:
     threads: int | None = _f(None, "torch threads per process (default: cores / local processes)")
     channels_last: bool = _f(False, "use channels_last memory format")
     compile: bool = _f(False, "torch.compile the model (checkpoints stay unwrapped)")
+    sync_bn: bool = _f(
+        False,
+        "synchronise BatchNorm statistics across DDP processes (same weights as one process for BatchNorm models; "
+        "torch SyncBatchNorm on CUDA, an all-reduce batch norm on CPU/gloo)",
+    )
     # faults
     dist_timeout: float = _f(600.0, "process-group timeout in seconds: a hung collective fails after this")
     skip_nonfinite: bool = _f(False, "skip optimizer steps whose loss is NaN/Inf instead of stopping")
@@ -151,8 +180,60 @@ class TrainConfig:
             raise UserError(f"--val-split must be between 0 and 1, got {self.val_split}")
         if self.synthetic_classes < 2:
             raise UserError(f"--synthetic-classes must be >= 2, got {self.synthetic_classes}")
-        if self.dist_timeout <= 0:
-            raise UserError(f"--dist-timeout must be > 0 seconds, got {self.dist_timeout}")
+        if not 0 < self.dist_timeout <= MAX_DIST_TIMEOUT:
+            most = f"{MAX_DIST_TIMEOUT:.0f} (365 days)"
+            raise UserError(f"--dist-timeout must be > 0 seconds and at most {most}, got {self.dist_timeout}")
+        self._check_schedule()
+        self._check_limits()
+        self._check_image_size()
+
+    def _check_limits(self) -> None:
+        """Every number finite and within what torch/numpy hold, every text non-empty and without NUL bytes."""
+        for f in fields(self):
+            value, flag = getattr(self, f.name), f"--{_flag(f.name)}"
+            if isinstance(value, float) and not math.isfinite(value):
+                raise UserError(f"{flag} must be a finite number, got {value}")
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _AT_MOST.get(f.name, MAX_INT):
+                shown = value if abs(value) < 10**30 else f"a {len(str(abs(value)))}-digit number"
+                raise UserError(f"{flag} must be at most {_AT_MOST.get(f.name, MAX_INT):,}, got {shown}")
+            if isinstance(value, str) and (not value or "\x00" in value):
+                raise UserError(f"{flag} needs a non-empty value without NUL bytes, got {value!r:.80}")
+        if not 0 <= self.seed < SEED_LIMIT:
+            raise UserError(f"--seed must be between 0 and 2**32 - 1 ({SEED_LIMIT - 1}), got {self.seed}")
+        if self.dataset == "synthetic":
+            side, n = self.image_size or self.synthetic_image_size, self.synthetic_size + self.synthetic_test_size
+            if n * self.synthetic_channels * side * side > MAX_SYNTHETIC_BYTES:
+                raise UserError(
+                    f"the synthetic dataset ({n:,} images of {self.synthetic_channels}x{side}x{side}) would need "
+                    f"more than {MAX_SYNTHETIC_BYTES >> 30} GiB of memory; lower --synthetic-size or the image size"
+                )
+
+    def _check_image_size(self) -> None:
+        """The model must take the images: --image-size (or the synthetic side) at least the model's minimum."""
+        from accel_train.models import min_image_size
+
+        flag = "--image-size" if self.image_size is not None else "--synthetic-image-size"
+        size = self.image_size if self.image_size is not None else self.synthetic_image_size
+        if self.image_size is None and self.dataset != "synthetic":
+            return  # the dataset's own size: create_model checks it
+        low = min_image_size(self.model)
+        if size < low:
+            raise UserError(
+                f"{flag} {size} is too small for --model {self.model}, which needs images of at least {low}x{low}; "
+                f"pass --image-size {low} or larger"
+            )
+
+    def _check_schedule(self) -> None:
+        from accel_train.schedule import parse_milestones
+
+        if not (self.lr_gamma > 0 and math.isfinite(self.lr_gamma)):
+            raise UserError(f"--lr-gamma must be a positive number, got {self.lr_gamma}")
+        try:
+            parse_milestones(self.lr_milestones)
+        except ValueError as exc:
+            raise UserError(
+                f"--lr-milestones {self.lr_milestones!r}: {exc}; e.g. '0.5,0.75' (x --lr-gamma at 50% and 75%)"
+            ) from None
 
     def _check_choices_and_combinations(self) -> None:
         for name in ("optimizer", "lr_schedule", "report_to", "mixed_precision"):
@@ -164,8 +245,11 @@ class TrainConfig:
             raise UserError("--max-device-batch only applies with --global-batch-size G; set G or drop it")
         if self.global_batch_size is not None and self.grad_accum_steps != 1:
             raise UserError("--grad-accum-steps is derived when --global-batch-size is set; drop one of the two")
+        if self.extend and self.resume == "none":
+            raise UserError("--extend makes a resumed run longer; pass it with --resume auto (or a checkpoint)")
         if self.resume not in ("auto", "none") and not _exists(self.resume):
             raise UserError(f"--resume {self.resume!r}: no such checkpoint; use 'auto', 'none' or an existing path")
+        _check_names(self.model, self.dataset)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -174,6 +258,15 @@ class TrainConfig:
         from accel_train.data.base import DATA_FIELDS, DataConfig
 
         return DataConfig(**{name: getattr(self, name) for name in DATA_FIELDS})
+
+
+def _check_names(model: str, dataset: str) -> None:
+    """Unknown --model / --dataset names, refused before anything loads (the registries import torch)."""
+    from accel_train.data import check_dataset_name
+    from accel_train.models import check_model_name
+
+    check_model_name(model)
+    check_dataset_name(dataset)
 
 
 def _exists(path: str) -> bool:
@@ -200,22 +293,26 @@ def _field_type(f: dataclasses.Field) -> type:
 
 
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
+    # No ArgumentDefaultsHelpFormatter: with argument_default=SUPPRESS it has no default to show; each help
+    # names its default once (its own "(default: ...)" words, else the field's value), and flags with
+    # choices list them ({cosine,constant,...}) instead of a metavar.
     parser = ArgumentParser(
         description=description or "Train a model with one Accelerate loop on any setup.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         argument_default=argparse.SUPPRESS,  # only flags the user gave end up in the namespace
     )
     parser.add_argument("--config", help="YAML file of hyperparameters; flags override it")
     for f in fields(TrainConfig):
         typ = _field_type(f)
-        kwargs: dict[str, Any] = {"help": f"{f.metadata['help']} (default: {f.default})"}
+        text = f.metadata["help"]
+        kwargs: dict[str, Any] = {"help": text if "(default:" in text else f"{text} (default: {f.default})"}
         if typ is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
             kwargs["type"] = typ
-            kwargs["metavar"] = f.name.upper()
         if "choices" in f.metadata:
             kwargs["choices"] = f.metadata["choices"]
+        elif typ is not bool:
+            kwargs["metavar"] = f.name.upper()
         parser.add_argument(f"--{_flag(f.name)}", dest=f.name, **kwargs)
     return parser
 
@@ -230,7 +327,9 @@ def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
 
         values.update(load_yaml_config(config_file))
     values.update(ns)
-    return TrainConfig(**values).validate()
+    cfg = TrainConfig(**values).validate()
+    cfg.given = frozenset(values)  # what the user set: a resume restores the rest from the checkpoint
+    return cfg
 
 
 def save_config(cfg: TrainConfig, path: str | Path, extra: dict[str, Any] | None = None) -> None:

@@ -14,8 +14,41 @@ from torch import nn
 
 from accel_train.config import TrainConfig
 from accel_train.data.pipeline import BatchNormalizer
-from accel_train.errors import UserError
+from accel_train.errors import CheckpointError, UserError
 from accel_train.metrics import confusion_matrix
+
+#: How this program's dataset errors say to fetch missing files: evaluation never downloads.
+FETCH_HINT = "train.py --download"
+
+
+def _load_weights(weights: str):
+    """``load_model(weights)``; weights that do not record their model get a way out this program has."""
+    from accel_train.checkpoint.weights import load_model
+
+    try:
+        return load_model(weights)
+    except CheckpointError as exc:
+        if "no model config found" not in str(exc):  # load_model's hint names flags of other programs
+            raise
+        raise CheckpointError(
+            f"{weights} does not record its model (no config.json or progress.json); write one with "
+            f"convert_checkpoint.py {weights} --out DIR --model NAME (and its sizes), then evaluate DIR"
+        ) from None
+
+
+def _eval_config(weights: str, dataset: str | None, data_dir: str, model_config: dict, **settings: Any) -> TrainConfig:
+    dataset = dataset or model_config.get("dataset")
+    if not dataset:
+        raise UserError(f"{weights} does not record its dataset; pass --dataset NAME")
+    return replace(
+        TrainConfig(),
+        dataset=dataset,
+        data_dir=data_dir,
+        model=model_config["model"],  # checks image_size against this model's minimum
+        image_size=model_config.get("image_size"),
+        report_to="none",
+        **settings,
+    ).validate()
 
 
 def run_evaluation(
@@ -26,34 +59,35 @@ def run_evaluation(
     out: str | None = None,
     confusion_png: str | None = None,
     mixed_precision: str | None = None,
+    image_column: str | None = None,
+    label_column: str | None = None,
 ) -> dict[str, Any] | None:
     """Load ``weights`` (export dir, checkpoint dir or state-dict file), evaluate, write a JSON report.
 
-    Collective under several processes; returns the report on the main process and None elsewhere.
+    Only the dataset's test split is loaded (its training files need not exist). Collective under
+    several processes; returns the report on the main process and None elsewhere.
     """
-    from accel_train.checkpoint.weights import load_model
     from accel_train.data import build_dataset
     from accel_train.data.pipeline import BatchNormalizer, make_loader
     from accel_train.metrics import load_metric
     from accel_train.runtime import build_runtime
 
-    model, model_config = load_model(weights)
-    dataset = dataset or model_config.get("dataset")
-    if not dataset:
-        raise UserError(f"{weights} does not record its dataset; pass --dataset NAME")
-    cfg = replace(
-        TrainConfig(),
-        dataset=dataset,
-        data_dir=data_dir,
-        image_size=model_config.get("image_size"),
-        report_to="none",
+    model, model_config = _load_weights(weights)
+    cfg = _eval_config(
+        weights,
+        dataset,
+        data_dir,
+        model_config,
         mixed_precision=mixed_precision,
         output_dir=str(Path(out).parent) if out else ".",
-    ).validate()
+        image_column=image_column,
+        label_column=label_column,
+    )
+    dataset = cfg.dataset
     rt = build_runtime(cfg)
     acc = rt.accelerator
     with acc.main_process_first():
-        splits = build_dataset(cfg.data_config())
+        splits = build_dataset(cfg.data_config(), test_only=True, download_hint=FETCH_HINT)
         metric = load_metric("accuracy")
     info = splits.info
     if info.num_classes != model_config["num_classes"] or info.in_channels != model_config["in_channels"]:

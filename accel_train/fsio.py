@@ -111,15 +111,39 @@ def writing(path: str | os.PathLike, what: str, needed: int | None = None) -> It
         raise
 
 
+_UMASK_LOCK = threading.Lock()
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where Linux shows it (``/proc/self/status``).
+
+    Elsewhere it is set and restored under a lock (``os.umask`` can only be read by setting it).
+    """
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[str], Any], what: str = "file") -> None:
-    """``write(tmp_path)`` next to ``path``, then rename it into place; nothing half-written is ever visible."""
+    """``write(tmp_path)`` next to ``path``, then rename it into place; nothing half-written is ever visible.
+
+    The file gets the mode of a plain ``open(path, "w")``: 0666 less the umask (``mkstemp`` makes 0600).
+    """
     path = Path(path)
     with writing(path, what):
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
         try:
             write(tmp)
-            os.chmod(tmp, 0o644)  # mkstemp makes 0600; exports are meant to be shared
+            os.chmod(tmp, 0o666 & ~current_umask())
             with WRITE_GUARD:
                 os.replace(tmp, path)
         finally:

@@ -9,13 +9,16 @@ checkpoint.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any
 
 from accel_train.build import build_trainer
+from accel_train.checkpoint.state import read_progress, resolve_resume
 from accel_train.config import TrainConfig
-from accel_train.run_dir import RunDir
+from accel_train.resume import finished_note, reconcile
+from accel_train.run_dir import SUMMARY, RunDir
 from accel_train.runtime import build_runtime
 from accel_train.tracking import trackers_for
 from accel_train.trainer import WARMUP_STEPS_EXCLUDED
@@ -28,11 +31,16 @@ def fit(cfg: TrainConfig) -> dict[str, Any]:
     t_launch = time.perf_counter()
     run_dir = RunDir(cfg.output_dir)
     run_dir.check(cfg.resume, cfg.overwrite)  # before anything is loaded or written
+    if os.environ.get("RANK", "0") == "0":
+        run_dir.refuse_if_locked()  # a second writer is refused before it reads or loads anything
+    changes, finished = _restore_resumed_config(cfg, run_dir)  # before the runtime: precision, threads, compile
+    if finished:
+        if os.environ.get("RANK", "0") == "0":
+            print(finished, flush=True)
+        return {"finished": True}
     rt = build_runtime(cfg, log_with=trackers_for(cfg.report_to, cfg.output_dir) or None)
     try:
-        if rt.is_main:
-            run_dir.refuse_if_locked()  # a second writer is refused before it loads anything
-        return build_trainer(cfg, rt, run_dir).fit(t_launch)
+        return build_trainer(cfg, rt, run_dir, changes).fit(t_launch)
     except BaseException:
         if rt.is_main and run_dir.restore_replaced():
             print(
@@ -44,3 +52,23 @@ def fit(cfg: TrainConfig) -> dict[str, Any]:
         raise
     finally:
         run_dir.lock.release()
+
+
+def _restore_resumed_config(cfg: TrainConfig, run_dir: RunDir) -> tuple[dict[str, Any], str | None]:
+    """With --resume: ``cfg`` becomes the saved run's config plus allowed changes (see ``resume.py``).
+
+    Returns the changes (for the ``resume`` event) and, for a run that already finished and is
+    not extended, the line that says so (nothing is then loaded or written).
+    """
+    path = resolve_resume(cfg.resume, cfg.output_dir)
+    if path is None:
+        return {}, None
+    progress = read_progress(path)
+    saved, resolved = progress.get("config"), progress.get("resolved")
+    if not isinstance(saved, dict) or not isinstance(resolved, dict):
+        return {}, None  # checkpoints of early versions: nothing to restore from
+    changes = reconcile(cfg, saved, resolved)
+    done = progress.get("state", {}).get("global_step")
+    if cfg.extend or not (run_dir / SUMMARY).is_file() or not isinstance(done, int):
+        return changes, None
+    return changes, finished_note(cfg.output_dir, done, resolved.get("total_steps"))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn as nn
 
 from accel_train.config import TrainConfig
-from accel_train.schedule import ScheduleFn
+from accel_train.schedule import ScheduleFn, parse_milestones
 
 
 def build_optimizer(cfg: TrainConfig, model: nn.Module, lr: float) -> torch.optim.Optimizer:
@@ -25,4 +27,23 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_st
     Never passed to ``accelerator.prepare`` (its prepared scheduler steps once per process per
     call) nor registered for checkpointing (its state travels as JSON in ``progress.json``).
     """
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, ScheduleFn(total_steps, cfg.lr_schedule, cfg.warmup_steps))
+    # fp16: accelerate swaps optimizer.step around GradScaler.step, and LambdaLR then warns that step() was
+    # "overridden"; the order is right (the trainer steps the schedule after each real update).
+    warnings.filterwarnings("ignore", message=r"Seems like `optimizer.step\(\)` has been overridden")
+    milestones = parse_milestones(cfg.lr_milestones)
+    fn = ScheduleFn(total_steps, cfg.lr_schedule, cfg.warmup_steps, milestones, cfg.lr_gamma)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+
+
+def replan_schedule(scheduler, total_steps: int) -> None:
+    """After a resume: the schedule (restored with its saved length) runs to ``total_steps``.
+
+    The LR is a pure function of (step, total steps), so an extended run continues as if it
+    had been planned for the new length from the start; the optimizer's LR is set to that value.
+    """
+    for fn in scheduler.lr_lambdas:
+        fn.total_steps = total_steps
+    step = scheduler.last_epoch
+    for group, base, fn in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True):
+        group["lr"] = base * fn(step)
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]

@@ -25,8 +25,10 @@ from accel_train.runs import (  # noqa: F401 (compare_runs_table, read_metrics: 
     _read_summary,
     _run_info,
     _title,
+    choose_x_axis,
     compare_runs_table,
     read_metrics,
+    run_batching,
 )
 
 #: The panels :func:`plot_runs` draws by default. ``eval_*`` names come from
@@ -170,27 +172,8 @@ def plot_curves(run_dir: str | os.PathLike, out: str | os.PathLike | None = None
     return _save(fig, out)
 
 
-def plot_runs(
-    run_dirs: Sequence[str | os.PathLike],
-    out: str | os.PathLike,
-    labels: Sequence[str] | None = None,
-    metric: str | Sequence[str] = DEFAULT_RUN_METRICS,
-) -> Path:
-    """Overlay several runs, one colour per run, one panel per metric (vs step).
-
-    ``metric`` is a metric name or a sequence of them; ``eval_*`` names are read
-    from eval events, others (``loss``, ``accuracy``, ``lr``, ``samples_per_s``)
-    from train events. The default label of a run is its directory name plus
-    ``(distributed_type/world_size/mixed_precision)`` from its summary.json.
-    Raises :class:`UserError` if a run directory has no metrics.jsonl or the
-    number of labels does not match.
-    """
-    run_dirs = [Path(d) for d in run_dirs]
-    if not run_dirs:
-        raise UserError("no run directories given")
-    metrics_list = [metric] if isinstance(metric, str) else list(metric)
-    if not metrics_list:
-        raise UserError("no metric to plot")
+def _check_runs(run_dirs: list[Path], labels: Sequence[str] | None) -> list[str]:
+    """The legend labels of ``run_dirs`` (``labels`` or the defaults), after checking every run has metrics."""
     if labels is None:
         labels = [_default_label(d) for d in run_dirs]
     else:
@@ -201,6 +184,49 @@ def plot_runs(
         if not (run_dir / METRICS_FILE).is_file():
             what = "does not exist" if not run_dir.exists() else f"has no {METRICS_FILE}"
             raise UserError(f"run directory {run_dir} {what}")
+    return labels
+
+
+def _x_scale(axis: str, run_dir: Path) -> float:
+    """What one optimizer step of ``run_dir`` is worth on ``axis`` (checked by ``choose_x_axis``)."""
+    batching = run_batching(run_dir)
+    if axis == "samples":
+        return float(batching["global_batch"] or 1)
+    if axis == "epoch":
+        return 1.0 / (batching["steps_per_epoch"] or 1)
+    return 1.0
+
+
+def plot_runs(
+    run_dirs: Sequence[str | os.PathLike],
+    out: str | os.PathLike,
+    labels: Sequence[str] | None = None,
+    metric: str | Sequence[str] = DEFAULT_RUN_METRICS,
+    x: str | None = None,
+) -> Path:
+    """Overlay several runs, one colour per run, one panel per metric.
+
+    ``metric`` is a metric name or a sequence of them; ``eval_*`` names are read
+    from eval events, others (``loss``, ``accuracy``, ``lr``, ``samples_per_s``)
+    from train events. The default label of a run is its directory name plus
+    ``(distributed_type/world_size/mixed_precision)`` from its summary.json; every
+    legend entry also shows the run's global batch. ``x`` is the x axis: ``step``,
+    ``samples`` (step x global batch) or ``epoch``; None picks ``samples`` when the
+    runs' global batches differ, else ``step`` (see :func:`choose_x_axis`; the axis
+    label says which). Raises :class:`UserError` if a run directory has no
+    metrics.jsonl or the number of labels does not match.
+    """
+    run_dirs = [Path(d) for d in run_dirs]
+    if not run_dirs:
+        raise UserError("no run directories given")
+    metrics_list = [metric] if isinstance(metric, str) else list(metric)
+    if not metrics_list:
+        raise UserError("no metric to plot")
+    labels = _check_runs(run_dirs, labels)
+    axis, xlabel = choose_x_axis(run_dirs, x)
+    scales = [_x_scale(axis, d) for d in run_dirs]
+    batches = [run_batching(d)["global_batch"] for d in run_dirs]
+    labels = [f"{lbl} [global batch {b}]" if b else lbl for lbl, b in zip(labels, batches, strict=True)]
     runs = [read_metrics(d) for d in run_dirs]
 
     plt = _pyplot()
@@ -215,7 +241,7 @@ def plot_runs(
                 continue
             is_eval = _event_for(name) == "eval"
             ax.plot(
-                xs,
+                [step * scales[i] for step in xs],
                 ys,
                 color=colors[i % len(colors)],
                 marker="o" if is_eval else None,
@@ -232,7 +258,7 @@ def plot_runs(
         else:
             _note(ax, "no data")
         ax.set_title(_METRIC_TITLES.get(name, name))
-        ax.set_xlabel("step")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel(name)
         ax.grid(True, alpha=0.3)
     fig.suptitle(f"Comparison of {len(run_dirs)} run(s)", fontsize=12)

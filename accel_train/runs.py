@@ -20,6 +20,8 @@ from accel_train.run_dir import METRICS as METRICS_FILE
 from accel_train.run_dir import SUMMARY as SUMMARY_FILE
 
 _MISSING = "-"
+#: What ``accel-plot-runs --x`` can put on the x axis.
+X_AXES = ("step", "samples", "epoch")
 
 
 def _metrics_path(run_dir: str | os.PathLike) -> Path:
@@ -168,6 +170,55 @@ def _default_label(run_dir: Path) -> str:
     return f"{name} ({'/'.join(extra)})" if extra else name
 
 
+def _positive_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def run_batching(run_dir: str | os.PathLike) -> dict[str, int | None]:
+    """``global_batch`` and ``steps_per_epoch`` of a run, from config.yaml's ``resolved`` or summary.json.
+
+    None where neither has it (a run from an older version, or one still starting).
+    """
+    run_dir = Path(run_dir)
+    resolved = _read_config(run_dir).get("resolved")
+    resolved = resolved if isinstance(resolved, dict) else {}
+    summary = _read_summary(run_dir)
+    return {
+        key: _first(_positive_int(resolved.get(key)), _positive_int(summary.get(key)))
+        for key in ("global_batch", "steps_per_epoch")
+    }
+
+
+def choose_x_axis(run_dirs: Sequence[str | os.PathLike], x: str | None = None) -> tuple[str, str]:
+    """The x axis to overlay ``run_dirs`` on, and its label (which says why).
+
+    ``x`` None picks ``samples`` when the runs' global batches differ (a step is then not the same amount
+    of training), else ``step``. ``samples`` needs every run's global batch, ``epoch`` its steps per epoch.
+    """
+    if x is not None and x not in X_AXES:
+        raise UserError(f"--x {x!r} is not one of: {', '.join(X_AXES)}")
+    batching = {Path(d): run_batching(d) for d in run_dirs}
+    batches = sorted({b["global_batch"] for b in batching.values() if b["global_batch"] is not None})
+    differ = len(batches) > 1
+    axis = x or ("samples" if differ else "step")
+    need = {"samples": "global_batch", "epoch": "steps_per_epoch"}.get(axis)
+    unknown = [str(d) for d, b in batching.items() if need and b[need] is None]
+    if unknown:
+        raise UserError(
+            f"--x {axis} needs each run's {need.replace('_', ' ')} (config.yaml 'resolved' or summary.json); "
+            f"{', '.join(unknown)} has none: use --x step"
+        )
+    shown = ", ".join(map(str, batches))
+    if axis == "samples":
+        why = "global batches differ" if differ else f"global batch {shown}"
+        return axis, f"samples seen (step x global batch; {why})"
+    if axis == "epoch":
+        return axis, "epoch (step / steps per epoch)"
+    if differ:
+        return axis, f"optimizer step (global batches differ: {shown})"
+    return axis, f"optimizer step (global batch {shown})" if batches else "optimizer step"
+
+
 def _fmt(value: Any, spec: str) -> str:
     if value is None or isinstance(value, bool):
         return _MISSING if value is None else str(value)
@@ -189,7 +240,7 @@ def _cell(text: str) -> str:
 
 
 def compare_runs_table(run_dirs: Sequence[str | os.PathLike], labels: Sequence[str] | None = None) -> str:
-    """A markdown table with one row per run: final eval accuracy/loss, steps, time, throughput, topology.
+    """A markdown table with one row per run: final eval accuracy/loss, steps, time, throughput, topology, batch.
 
     Numbers come from summary.json; anything missing there is taken from the
     last eval/train record in metrics.jsonl (samples/s: mean over train records),
@@ -208,6 +259,7 @@ def compare_runs_table(run_dirs: Sequence[str | os.PathLike], labels: Sequence[s
         "samples/s",
         "world size",
         "precision",
+        "global batch",
     ]
     rows = []
     for i, run_dir in enumerate(run_dirs):
@@ -236,9 +288,10 @@ def compare_runs_table(run_dirs: Sequence[str | os.PathLike], labels: Sequence[s
             ),
             _fmt(summary.get("world_size"), "d"),
             _fmt(summary.get("mixed_precision"), ""),
+            _fmt(run_batching(run_dir)["global_batch"], "d"),
         ]
         rows.append([_cell(c) for c in row])
 
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * 6 + ["---"]) + "|"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * 6 + ["---", "---:"]) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)

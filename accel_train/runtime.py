@@ -87,10 +87,14 @@ def init_process_group_per_attempt(cpu: bool, timeout: timedelta) -> None:
     store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
     store = dist.PrefixStore(f"accel_train/attempt_{attempt}", store)
     backend = "gloo"
+    device_id = None
     if not cpu and torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        backend = "nccl"
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        device_id = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device_id)
+        backend = "nccl"  # bound to its device: eager NCCL init, no guessing of the rank's GPU
+    dist.init_process_group(
+        backend, store=store, rank=rank, world_size=world_size, timeout=timeout, device_id=device_id
+    )
 
 
 def gpus_hidden_on_purpose(env: dict[str, str] | os._Environ = os.environ) -> bool:
@@ -109,14 +113,65 @@ def fp16_ignored(mixed_precision: str | None, device_type: str) -> bool:
     return mixed_precision == "fp16" and device_type == "cpu"
 
 
-def wrap_data_parallel(model: nn.Module, cuda_device_count: int) -> nn.Module:
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class _UnderAutocast:
+    """One DataParallel replica, called under autocast with the run's dtype (in the replica's thread)."""
+
+    def __init__(self, replica: nn.Module, dtype: torch.dtype):
+        self.replica, self.dtype = replica, dtype
+
+    def __call__(self, *args, **kwargs):
+        device_type = next((p.device.type for p in self.replica.parameters()), "cuda")
+        with torch.autocast(device_type, dtype=self.dtype, enabled=torch.is_autocast_enabled(device_type)):
+            return self.replica(*args, **kwargs)
+
+
+class AutocastDataParallel(nn.DataParallel):
+    """``nn.DataParallel`` whose replicas compute in the accelerator's autocast dtype.
+
+    torch's ``parallel_apply`` re-enters autocast in each replica thread without
+    passing the dtype, so the thread's default applies: fp16 on CUDA, and a bf16
+    run would silently compute in fp16 with no loss scaler. Each replica is
+    called under ``torch.autocast(dtype=autocast_dtype)`` inside its thread; the
+    wrapper adds no parameters, so state dicts are those of ``nn.DataParallel``.
+    """
+
+    def __init__(self, module: nn.Module, device_ids: list[int], autocast_dtype: torch.dtype | None = None):
+        super().__init__(module, device_ids=device_ids)
+        self.autocast_dtype = autocast_dtype
+
+    def parallel_apply(self, replicas, inputs, kwargs):
+        if self.autocast_dtype is not None:
+            replicas = [_UnderAutocast(r, self.autocast_dtype) for r in replicas]
+        return super().parallel_apply(replicas, inputs, kwargs)
+
+
+def wrap_data_parallel(
+    model: nn.Module, cuda_device_count: int, autocast_dtype: torch.dtype | None = None
+) -> nn.Module:
     """Wrap in ``nn.DataParallel`` over every visible GPU (the seeds' recipe).
 
     Visible devices are renumbered from 0 (``CUDA_VISIBLE_DEVICES``), so the
     model on ``cuda:0`` is always ``device_ids[0]``; checkpoints are written
-    from the unwrapped module and never carry ``module.``.
+    from the unwrapped module and never carry ``module.``. ``autocast_dtype``
+    (bf16/fp16 runs) is the dtype every replica computes in.
     """
-    return nn.DataParallel(model, device_ids=list(range(cuda_device_count)))
+    return AutocastDataParallel(model, list(range(cuda_device_count)), autocast_dtype)
+
+
+def check_gpu_count(env: dict[str, str] | os._Environ = os.environ, cuda_count: int | None = None) -> None:
+    """More GPU processes on this machine than GPUs: one clear line instead of "invalid device ordinal"."""
+    if cuda_count is None:
+        cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    local = local_world_size(env)
+    if cuda_count and local > cuda_count and "LOCAL_RANK" in env:
+        raise LaunchError(
+            f"the accelerate config starts {local} processes on this machine but it has {cuda_count} GPU(s); "
+            f"pass --num_processes {cuda_count} to accelerate launch (times the number of machines), "
+            "or set num_processes in the config"
+        )
 
 
 def local_world_size(env: dict[str, str] | os._Environ = os.environ) -> int:
@@ -131,8 +186,21 @@ def available_cores() -> int:
 
 
 def configure_threads(requested: int | None) -> int:
-    """Split the machine's cores between the processes that share it."""
-    threads = requested or max(1, available_cores() // local_world_size())
+    """Split the machine's cores between the processes that share it; ``--threads`` beyond the cores is capped.
+
+    (More threads than cores only oversubscribe them, and a huge count makes thread creation fail in native
+    code: a segfault, not an exception.)
+    """
+    cores = available_cores()
+    threads = requested or max(1, cores // local_world_size())
+    if threads > cores:
+        if os.environ.get("RANK", "0") == "0":
+            print(
+                f"warning: --threads {threads} is more than the {cores} core(s) this process may use; using {cores}",
+                file=sys.stderr,
+                flush=True,
+            )
+        threads = cores
     torch.set_num_threads(threads)
     return threads
 
@@ -162,10 +230,11 @@ class Runtime:
         """Wrap in ``nn.DataParallel`` when one process sees several GPUs; call before ``accelerator.prepare``."""
         acc = self.accelerator
         if should_use_data_parallel(acc.distributed_type, acc.device.type, torch.cuda.device_count()):
-            # Wrapped before prepare so accelerate's autocast patches the wrapper's forward
-            # (DataParallel propagates autocast to its replica threads).
+            # Wrapped before prepare: accelerate's autocast covers the wrapper's forward on this thread,
+            # AutocastDataParallel gives each replica thread the same dtype.
             self.data_parallel = True
-            model = wrap_data_parallel(model.to(acc.device), torch.cuda.device_count())
+            dtype = AUTOCAST_DTYPES.get(str(acc.mixed_precision))
+            model = wrap_data_parallel(model.to(acc.device), torch.cuda.device_count(), dtype)
             self.print(
                 f"DataParallel: one process sees {torch.cuda.device_count()} GPUs; splitting each batch across "
                 "them (nn.DataParallel). Multi-process DDP (multi_gpu.yaml) is faster and preferred."
@@ -181,9 +250,13 @@ class Runtime:
 def build_runtime(cfg: TrainConfig, log_with: list | None = None) -> Runtime:
     """Build THE Accelerator for this process from the launcher's environment and ``cfg``."""
     from accelerate import Accelerator, DataLoaderConfiguration, InitProcessGroupKwargs
-    from accelerate.utils import ProjectConfiguration
+    from accelerate.utils import ProjectConfiguration, TorchDynamoPlugin
 
-    check_launch()
+    from accel_train.elastic import relaunch_as_ranks
+
+    relaunch_as_ranks()  # a MULTI_CPU config's lone process becomes the launcher of its N ranks (execve)
+    check_launch()  # the MULTI_CPU cases it cannot start (several machines, no accelerate parent)
+    check_gpu_count()
     watch_launcher()
     cpu = wants_cpu_ranks()
     threads = configure_threads(cfg.threads)
@@ -196,7 +269,11 @@ def build_runtime(cfg: TrainConfig, log_with: list | None = None) -> Runtime:
         log_with=log_with,
         project_config=ProjectConfiguration(project_dir=cfg.output_dir, logging_dir=cfg.output_dir),
         # Our sampler shuffles from (seed, epoch); accelerate only shards its batches.
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=False, even_batches=True),
+        # non_blocking: pinned host batches are copied to the GPU without waiting for the previous step
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=False, even_batches=True, non_blocking=True),
+        # torch.compile runs inside prepare, after DDP wrapping (torch's order: compile the DDP module, so the
+        # compiler splits graphs at bucket boundaries and overlaps the all-reduce with backward)
+        dynamo_plugin=TorchDynamoPlugin(backend="inductor") if cfg.compile else None,
         kwargs_handlers=[InitProcessGroupKwargs(timeout=timeout)],
     )
     runtime = Runtime(accelerator, threads)

@@ -87,7 +87,7 @@ class RunLogger:
                 dynamic_ncols=True,
                 main_process_only=True,
             )
-        self._t0 = time.perf_counter()
+        self.started = self._t0 = time.perf_counter()  # time_s in metrics.jsonl counts from here
 
     def event(self, event: str, step: int, epoch: int, **values: Any) -> None:
         if not self.is_main:

@@ -56,6 +56,13 @@ def _give_up(signum: int) -> None:
     os._exit(128 + signum)
 
 
+def _peak_memory_mb(device: torch.device) -> float | None:
+    """Peak CUDA memory allocated by this process (None on CPU)."""
+    if device.type != "cuda":
+        return None
+    return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+
+
 @dataclass
 class Trainer:
     """The prepared objects of one run and the state it advances."""
@@ -84,11 +91,22 @@ class Trainer:
     last_saved: tuple[int, int] | None = None
     last_eval_step: int | None = None
     saves: int = 0  # checkpoints this run (attempt) has saved
+    exit_code: int = 0  # of a stop: 128 + the signal that stopped the run (any rank's), 0 for --stop-at-step
     _watchdog: list[threading.Timer] = field(default_factory=list)
 
     @property
     def acc(self):
         return self.rt.accelerator
+
+    def _step_epoch(self) -> int:
+        """The epoch the current step belongs to, as train, eval and checkpoint records show it.
+
+        ``state.epoch`` counts completed epochs: it is already 1 at the last step of epoch 0 once
+        that epoch has ended, where the records still say epoch 0. (The ``epoch`` event, logged
+        when an epoch ends, carries ``state.epoch``: the number of epochs completed.)
+        """
+        state = self.state
+        return state.epoch - 1 if state.step_in_epoch == 0 and state.global_step > 0 else state.epoch
 
     # ---- running -------------------------------------------------------------------------------------------
     def fit(self, t_launch: float) -> dict[str, Any]:
@@ -123,9 +141,20 @@ class Trainer:
             for timer in self._watchdog:
                 timer.cancel()
             self.logger.close()
-        summary = {"stopped": stopped, "global_step": state.global_step} if stopped else self.finish(t_launch)
+        if stopped:  # a signal's stop exits 128 + signal (130 SIGINT, 143 SIGTERM); --stop-at-step exits 0
+            summary = {"stopped": stopped, "global_step": state.global_step, "exit_code": self.exit_code}
+        else:
+            summary = self.finish(t_launch)
         self.rt.end()
         return summary
+
+    def _wait_for_device(self) -> None:
+        """Steps queued on a GPU since the last host sync belong in the throughput: wait for them."""
+        if self.acc.device.type == "cuda" and self.timer.samples and hasattr(self, "_t_prev"):
+            torch.cuda.synchronize(self.acc.device)
+            now = time.perf_counter()
+            self.timer.total += now - self._t_prev
+            self._t_prev = now
 
     def _on_signal(self, signum, frame) -> None:
         # Stop at the next step boundary with a checkpoint. If this rank is stuck (a peer died or hangs
@@ -163,23 +192,47 @@ class Trainer:
                         bad.zero_()
                 if acc.sync_gradients and cfg.max_grad_norm > 0 and not skip:
                     acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                overflow = False
                 if not skip:
-                    self.optimizer.step()
+                    overflow = self._scaled_step()
                 self.optimizer.zero_grad(set_to_none=True)
             self.window.add(loss, logits, labels, finite_only=cfg.skip_nonfinite)
             if not acc.sync_gradients:
                 self._account(t_data, optimizer_step=False)
                 continue
-            self._after_optimizer_step(skip, t_data)
+            self._after_optimizer_step(skip, t_data, overflow)
             if state.global_step >= self.total_steps:
                 break
+        self._wait_for_device()  # before the epoch-end evaluation, which is not training time
 
-    def _after_optimizer_step(self, skipped: bool, t_data: float) -> None:
-        """Step accounting, logging, evaluation, checkpoint and the stop vote after one optimizer step."""
-        cfg, acc, state = self.cfg, self.acc, self.state
+    def _scaled_step(self) -> bool:
+        """``optimizer.step()``; True when the fp16 loss scaler skipped the update (inf/NaN gradients).
+
+        accelerate's ``optimizer_step_was_skipped`` cannot see a skip inside fused Adam/AdamW
+        (the kernel skips the update itself), so a skip is read where it always shows: the
+        scaler lowers its scale after, and only after, a step with inf/NaN gradients. One host
+        sync per optimizer step, only in fp16 with a scaler (GradScaler syncs there anyway).
+        """
+        scaler = self.acc.scaler if self.acc.sync_gradients else None
+        if scaler is None:
+            self.optimizer.step()
+            return False
+        before = scaler.get_scale()
+        self.optimizer.step()  # accelerate: scaler.step + scaler.update
+        return scaler.get_scale() < before
+
+    def _after_optimizer_step(self, skipped: bool, t_data: float, overflow: bool = False) -> None:
+        """Step accounting, logging, evaluation, checkpoint and the stop vote after one optimizer step.
+
+        The LR schedule advances on real updates only: a step skipped for a non-finite loss
+        (--skip-nonfinite) or by the fp16 scaler leaves it where it was, and is counted.
+        """
+        cfg, state = self.cfg, self.state
         if skipped:
             state.nonfinite_skipped += 1
-        elif not acc.optimizer_step_was_skipped:
+        elif overflow:
+            state.fp16_skipped_steps += 1
+        else:
             self.scheduler.step()
         state.global_step += 1
         state.step_in_epoch += 1
@@ -190,7 +243,7 @@ class Trainer:
         if cfg.log_every and state.global_step % cfg.log_every == 0:
             self._log_train()
         elif save_now:  # never checkpoint a NaN state: check (and keep) the open window first
-            self.check_finite(self.window.reduce(acc)[0])
+            self.check_finite(self.window.reduce(self.acc)[0])
         if cfg.eval_every and state.global_step % cfg.eval_every == 0:
             self.log_eval(self.evaluate())
         if save_now:
@@ -213,7 +266,7 @@ class Trainer:
             "lr": self.scheduler.get_last_lr()[0],
             "samples_per_s": rate,
         }
-        self.logger.log("train", state.global_step, state.epoch, values)
+        self.logger.log("train", state.global_step, self._step_epoch(), values)
         self.window.restore(None, self.acc.is_main_process)
 
     def _account(self, t_data: float, optimizer_step: bool) -> None:
@@ -240,7 +293,10 @@ class Trainer:
             if step % every:
                 return None
             flag = int(acc.reduce(torch.tensor([flag], device=acc.device), reduction="max").item())
-        return f"received {signal.Signals(flag).name}" if flag else None
+        if not flag:
+            return None
+        self.exit_code = 128 + flag  # the shell's convention for "ended by this signal", after a clean save
+        return f"received {signal.Signals(flag).name}"
 
     def check_finite(self, loss_sum: float) -> None:
         if not math.isfinite(loss_sum):
@@ -259,7 +315,7 @@ class Trainer:
     def log_eval(self, result: dict[str, Any]) -> None:
         state = self.state
         values = {k: v for k, v in result.items() if k != "confusion"}
-        self.logger.log("eval", state.global_step, state.epoch, values)
+        self.logger.log("eval", state.global_step, self._step_epoch(), values)
         self.last_eval_step = state.global_step
         if state.best_metric is None or result["eval_accuracy"] > state.best_metric:
             state.best_metric, state.best_step = result["eval_accuracy"], state.global_step
@@ -285,7 +341,7 @@ class Trainer:
         if self.rt.is_main:
             self.run_dir.commit_replace()  # the new run now has something worth keeping
         self.last_saved = position
-        self.logger.event("checkpoint", state.global_step, state.epoch, path=str(path))
+        self.logger.event("checkpoint", state.global_step, self._step_epoch(), path=str(path))
 
     def export(self, out_dir: Path) -> None:
         """Unwrapped safetensors + config.json (main process writes; every rank must call)."""
@@ -312,6 +368,8 @@ class Trainer:
             "best_eval_accuracy": state.best_metric,
             "best_step": state.best_step,
             "nonfinite_skipped": state.nonfinite_skipped,
+            "fp16_skipped_steps": state.fp16_skipped_steps,
+            "loss_scale": acc.scaler.get_scale() if acc.scaler is not None else None,
             "world_size": acc.num_processes,
             "distributed_type": acc.distributed_type.value,
             "mixed_precision": acc.mixed_precision,
@@ -322,8 +380,10 @@ class Trainer:
             "accum_steps": plan.accum_steps,
             "threads_per_process": rt.threads,
             "wall_time_s": time.perf_counter() - t_launch,
+            "setup_s": self.logger.started - t_launch,  # runtime, data and model before the first step
             "train_samples_per_s": self.timer.samples / self.timer.total if self.timer.total > 0 else None,
             "data_wait_fraction": self.timer.fraction(),
+            "peak_memory_mb": _peak_memory_mb(acc.device),
         }
         if rt.is_main:
             self._write_results(summary, final["confusion"])

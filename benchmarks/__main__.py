@@ -3,6 +3,10 @@
 python -m benchmarks --quick --out runs/bench_quick      # under 3 minutes
 python -m benchmarks --out runs/bench --data-dir data     # full: repeats, bf16 study, MNIST time to 97%
 
+Workloads: CPU setups train MNIST-shaped 1x28x28 synthetic data at batch 16-32; CUDA setups (where a GPU is
+visible) train CIFAR-shaped 3x32x32 synthetic data with resnet18 at batch 256, each pinned to one GPU
+(CUDA_VISIBLE_DEVICES), with TF32 set alike for the GEMM peak and both loops. --workload picks one for all.
+
 Writes OUT/benchmark.json, OUT/benchmark.md and OUT/benchmark.png (see benchmarks/bench.py).
 """
 
@@ -41,7 +45,8 @@ def main(argv=None):
         "--setups",
         type=_csv,
         default=None,
-        help="comma-separated subset: cpu_fp32, cpu_bf16, gloo_2proc, cpu_fp32_cl, cpu_bf16_cl",
+        help="comma-separated subset: cpu_fp32, cpu_bf16, gloo_2proc, cpu_fp32_cl, cpu_bf16_cl "
+        "(with a GPU: cuda_fp32, cuda_bf16)",
     )
     parser.add_argument("--repeats", type=int, default=None, help="repeats per measurement (default: full 2, quick 1)")
     parser.add_argument(
@@ -49,6 +54,20 @@ def main(argv=None):
         dest="time_to_accuracy",
         action="store_false",
         help="skip the time-to-accuracy comparison",
+    )
+    parser.add_argument(
+        "--workload",
+        choices=("auto", "mnist", "cifar"),
+        default="auto",
+        help="auto (default): MNIST-shaped 1x28x28 on CPU, CIFAR-shaped 3x32x32 resnet18 batch 256 on CUDA; "
+        "mnist or cifar: that one for every setup",
+    )
+    parser.add_argument(
+        "--no-tf32",
+        dest="tf32",
+        action="store_false",
+        help="CUDA: strict fp32 (TF32 off for matmuls and convolutions) for the GEMM peak and both loops "
+        "(default: TF32 on for both)",
     )
     parser.add_argument("--keep-runs", action="store_true", help="keep the children's run folders (debugging)")
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tests: lenet, cpu_fp32, few steps
@@ -68,6 +87,8 @@ def main(argv=None):
         repeats=args.repeats,
         time_to_accuracy=args.time_to_accuracy,
         keep_runs=args.keep_runs,
+        workload=args.workload,
+        tf32=args.tf32,
     )
     report = run_benchmark(opts)
     failed = [r for r in report["results"] if r.get("errors")]

@@ -5,15 +5,28 @@
 * **portable loop**: ``scripts/train.py`` launched as users launch it (``python
   scripts/train.py``; ``--mixed-precision bf16`` or ``accelerate launch`` with
   ``cpu_bf16.yaml``; ``accelerate launch`` with ``multi_cpu.yaml`` for 2 gloo
-  ranks) on MNIST-shaped synthetic data. Steady-state ``train_samples_per_s``
-  and ``data_wait_fraction`` come from its ``summary.json``; peak RSS from a
-  tiny wrapper that runs ``train.py`` through ``runpy`` and writes
-  ``ru_maxrss`` of each rank before the process exits.
+  ranks) on synthetic data of the setup's **workload**: MNIST-shaped 1x28x28 on
+  CPU (batch 16-32), CIFAR-shaped 3x32x32 with resnet18 at batch 256 on CUDA
+  (``--workload`` overrides). Steady-state ``train_samples_per_s``,
+  ``data_wait_fraction`` and ``peak_memory_mb`` come from its ``summary.json``;
+  peak RSS (and the TF32 flags in effect) from a tiny wrapper that runs
+  ``train.py`` through ``runpy`` and writes them for each rank before the
+  process exits.
 * **plain loop** (the floor): a hand-written PyTorch loop in a fresh process,
-  same model, same synthetic uint8 tensors in memory, same global batch, same
-  threads, Adam, cross-entropy (and the same gradient clipping as the loop's
-  default), timed per phase: data, forward+backward, optimizer and, for DDP,
-  gradient synchronisation (``no_sync`` steps vs synced steps).
+  same model, same synthetic uint8 tensors in memory (pinned per batch on
+  CUDA, as accel_train's loader pins), same global batch, same threads, Adam,
+  cross-entropy (and the same gradient clipping as the loop's default). Like
+  the portable loop it syncs the host only at log points (every
+  ``WINDOW_STEPS`` steps, reading its running loss with ``.item()``); the
+  per-phase breakdown (data, forward+backward, optimizer and, for DDP,
+  gradient synchronisation: ``no_sync`` steps vs synced steps) is host time on
+  CPU, and comes from a few extra steps with a device sync after each phase
+  on CUDA.
+* **CUDA runs** are pinned to ONE GPU (``CUDA_VISIBLE_DEVICES`` set to the
+  first visible id in the child's environment): a single process that sees
+  several GPUs would otherwise run accel_train's ``nn.DataParallel``. TF32 is
+  set the same way (``--no-tf32`` turns it off) for the CUDA GEMM peak, the
+  plain loop and the portable loop (through the wrapper), and recorded.
 * **bf16 study**: all precision/memory-format variants of a model stepped
   round-robin in ONE process (so machine noise hits them alike), plus a
   profile of where forward+backward time goes.
@@ -38,8 +51,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,6 +137,49 @@ MODEL_PLANS: dict[str, ModelPlan] = {
     "resnet18": ModelPlan(16, 2, 20),  # 28x28 with no stem downsampling: ~2.7 GFLOP/sample
     "tv_resnet18": ModelPlan(32, 4, 50),
 }
+# GPU-sized: MNIST shapes at batch 16-32 leave a GPU idle between tiny kernels, so their samples/s say nothing.
+CIFAR_PLANS: dict[str, ModelPlan] = {
+    "resnet18": ModelPlan(256, 40, 200),
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The synthetic data (shape) and the models, with their batch and steps, measured on it."""
+
+    name: str
+    channels: int
+    image_size: int
+    plans: dict[str, ModelPlan] = field(hash=False)
+    description: str
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return tuple(self.plans)
+
+    def train_args(self) -> list[str]:
+        """scripts/train.py flags for this shape (none for train.py's own default, 1x28x28)."""
+        if (self.channels, self.image_size) == (1, 28):
+            return []
+        return ["--synthetic-channels", str(self.channels), "--synthetic-image-size", str(self.image_size)]
+
+
+WORKLOADS: dict[str, Workload] = {
+    "mnist": Workload("mnist", 1, 28, MODEL_PLANS, "synthetic MNIST-shaped 1x28x28 uint8"),
+    "cifar": Workload("cifar", 3, 32, CIFAR_PLANS, "synthetic CIFAR-shaped 3x32x32 uint8"),
+}
+WORKLOAD_CHOICES = ("auto", *WORKLOADS)
+
+
+def select_workload(device: str, requested: str = "auto") -> Workload:
+    """``auto``: the CIFAR-shaped GPU workload where CUDA is the device, the MNIST-shaped one on CPU."""
+    if requested == "auto":
+        requested = "cifar" if device == "cuda" else "mnist"
+    if requested not in WORKLOADS:
+        from accel_train.errors import UserError
+
+        raise UserError(f"unknown workload {requested!r}; choose from {', '.join(WORKLOAD_CHOICES)}")
+    return WORKLOADS[requested]
 
 
 @dataclass
@@ -137,15 +193,27 @@ class BenchOptions:
     repeats: int | None = None
     time_to_accuracy: bool = True
     keep_runs: bool = False
+    workload: str = "auto"  # auto | mnist | cifar (see select_workload)
+    tf32: bool = True  # TF32 for CUDA matmuls AND convolutions: GEMM peak, plain loop and portable loop alike
     log: Callable[[str], None] = field(default=lambda msg: print(msg, file=sys.stderr, flush=True))
 
     @property
     def mode(self) -> str:
         return "smoke" if self.smoke else "quick" if self.quick else "full"
 
-    def steps(self, model: str) -> int:
-        plan = MODEL_PLANS[model]
+    def workload_for(self, setup: Setup) -> Workload:
+        return select_workload(setup.device, self.workload)
+
+    def plan(self, setup: Setup, model: str) -> ModelPlan:
+        return self.workload_for(setup).plans[model]
+
+    def steps(self, model: str, workload: Workload | None = None) -> int:
+        plan = (workload or WORKLOADS["mnist"]).plans[model]
         return {"smoke": plan.steps_smoke, "quick": plan.steps_quick, "full": plan.steps_full}[self.mode]
+
+    def cuda_tf32(self, setup: Setup) -> bool | None:
+        """The TF32 setting a run of ``setup`` is given (None on CPU: the flags do not apply there)."""
+        return self.tf32 if setup.device == "cuda" else None
 
     def n_repeats(self) -> int:
         return self.repeats or (2 if self.mode == "full" else 1)
@@ -171,6 +239,82 @@ def _load_json(path: Path) -> Any:
     return json.loads(path.read_text())
 
 
+# --------------------------------------------------------------------------- precision and device pinning
+
+
+def precision_flags() -> dict[str, Any]:
+    """The fp32 math settings in effect in this process (TF32 applies to CUDA only; CPUs ignore it)."""
+    import torch
+
+    return {
+        "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    }
+
+
+def set_tf32(enabled: bool) -> None:
+    """The same TF32 choice for matmuls and convolutions.
+
+    PyTorch's defaults differ (matmuls off, cuDNN convolutions on), so an "fp32" GEMM peak
+    measured with the defaults is a true-fp32 peak while the model's convolutions run in TF32.
+    """
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+
+
+@contextmanager
+def tf32_mode(enabled: bool | None) -> Iterator[None]:
+    """``set_tf32(enabled)`` for the block, then the previous settings; ``None`` leaves them alone."""
+    import torch
+
+    if enabled is None:
+        yield
+        return
+    matmul, cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    set_tf32(enabled)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(matmul)
+        torch.backends.cudnn.allow_tf32 = cudnn
+
+
+def first_visible_gpu(env: Mapping[str, str] | None = None) -> str:
+    """The GPU that ``cuda:0`` is in this process: the first ``CUDA_VISIBLE_DEVICES`` entry, else ``0``."""
+    visible = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES", "")
+    first = visible.split(",")[0].strip()
+    return first or "0"
+
+
+def visible_devices(setup: Setup, env: Mapping[str, str] | None = None) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` for a child of ``setup``; None: leave the launcher's choice.
+
+    CPU: no GPU. One CUDA process: exactly ONE GPU (the one this process measures as ``cuda:0``),
+    because accel_train wraps a single process that sees several GPUs in ``nn.DataParallel``:
+    without the pin a "1-GPU" run on a multi-GPU host silently becomes a DataParallel run.
+    """
+    if setup.device == "cpu":
+        return ""
+    if setup.processes == 1:
+        return first_visible_gpu(env)
+    return None
+
+
+def one_gpu_env(parent_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``child_env()`` for the time-to-accuracy runs (one process on the default device): at most ONE GPU.
+
+    Without it, ``scripts/train.py`` on a multi-GPU host would run ``nn.DataParallel`` while the
+    seed-000 recipe uses one GPU. ``CUDA_VISIBLE_DEVICES=""`` (no GPU) is kept as it is.
+    """
+    env = child_env()
+    if (os.environ if parent_env is None else parent_env).get("CUDA_VISIBLE_DEVICES") != "":
+        env["CUDA_VISIBLE_DEVICES"] = first_visible_gpu(parent_env)
+    return env
+
+
 # --------------------------------------------------------------------------- the machine
 
 
@@ -192,39 +336,52 @@ def cpu_description() -> dict[str, Any]:
     }
 
 
-def measure_gemm_peak(threads: int, n: int = 2048, reps: int = 5, device: str = "cpu") -> dict[str, float]:
-    """Best-of-``reps`` GFLOP/s of an n x n matmul in fp32 and bf16, interleaved (same noise for both)."""
+def measure_gemm_peak(
+    threads: int, n: int = 2048, reps: int = 5, device: str = "cpu", tf32: bool | None = None
+) -> dict[str, Any]:
+    """Best-of-``reps`` GFLOP/s of an n x n matmul in fp32 and bf16, interleaved (same noise for both).
+
+    ``tf32`` (CUDA): measured under ``set_tf32(tf32)``, the setting the loops run with, so the
+    "fp32" peak is the TF32 tensor-core peak when TF32 is on and the true-fp32 peak when it is off.
+    """
     import torch
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        dev = torch.device(device)
-        mats = {
-            dt: (torch.randn(n, n, device=dev).to(dt), torch.randn(n, n, device=dev).to(dt))
-            for dt in (torch.float32, torch.bfloat16)
-        }
-        best = {dt: float("inf") for dt in mats}
-        sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-        for a, b in mats.values():  # warm-up: kernel selection, page faults
-            a @ b
-        sync()
-        for _ in range(reps):
-            for dt, (a, b) in mats.items():
-                t0 = time.perf_counter()
-                a @ b
-                sync()
-                best[dt] = min(best[dt], time.perf_counter() - t0)
-        flops = 2.0 * n**3
-        return {
-            "fp32": flops / best[torch.float32] / 1e9,
-            "bf16": flops / best[torch.bfloat16] / 1e9,
-            "n": n,
-            "reps": reps,
-            "threads": threads,
-        }
+        with tf32_mode(tf32):
+            return _gemm_peak(torch, n, reps, device)
     finally:
         torch.set_num_threads(previous)
+
+
+def _gemm_peak(torch: Any, n: int, reps: int, device: str) -> dict[str, Any]:
+    """Best-of-``reps`` n x n matmul seconds per dtype on ``device``, as GFLOP/s."""
+    dev = torch.device(device)
+    mats = {
+        dt: (torch.randn(n, n, device=dev).to(dt), torch.randn(n, n, device=dev).to(dt))
+        for dt in (torch.float32, torch.bfloat16)
+    }
+    best = {dt: float("inf") for dt in mats}
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    for a, b in mats.values():  # warm-up: kernel selection, page faults
+        a @ b
+    sync()
+    for _ in range(reps):
+        for dt, (a, b) in mats.items():
+            t0 = time.perf_counter()
+            a @ b
+            sync()
+            best[dt] = min(best[dt], time.perf_counter() - t0)
+    flops = 2.0 * n**3
+    return {
+        "fp32": flops / best[torch.float32] / 1e9,
+        "bf16": flops / best[torch.bfloat16] / 1e9,
+        "n": n,
+        "reps": reps,
+        "threads": torch.get_num_threads(),
+        "precision_flags": precision_flags(),
+    }
 
 
 def flops_per_sample(model: str, batch: int, in_channels: int = 1, image_size: int = 28) -> float:
@@ -262,13 +419,13 @@ def time_train_help(runs: int = 3) -> dict[str, Any]:
     return {"median_s": statistics.median(times), "runs_s": times}
 
 
-def machine_info(threads: int, mode: str, with_cuda: bool) -> dict[str, Any]:
+def machine_info(threads: int, mode: str, with_cuda: bool, tf32: bool = True) -> dict[str, Any]:
     import accelerate
     import torch
 
     reps = {"smoke": 1, "quick": 4, "full": 10}[mode]
     n = 512 if mode == "smoke" else 2048
-    peak = measure_gemm_peak(threads, n=n, reps=reps)
+    peak = measure_gemm_peak(threads, n=n, reps=reps)  # CPU: the TF32 flags do not apply, left as they are
     info: dict[str, Any] = {
         "cores": available_cores(),
         "threads": threads,
@@ -281,11 +438,16 @@ def machine_info(threads: int, mode: str, with_cuda: bool) -> dict[str, Any]:
         "peak_gflops_bf16": peak["bf16"],
         "gemm_bf16_over_fp32": peak["bf16"] / peak["fp32"],
         "gemm_size": n,
+        "precision_flags": peak["precision_flags"],  # this process's defaults (the CPU runs leave them alone)
         "cuda": torch.cuda.get_device_name(0) if with_cuda else None,
+        "cuda_tf32": tf32 if with_cuda else None,
     }
     if with_cuda:
-        gpu = measure_gemm_peak(threads, n=4096, reps=reps, device="cuda")
+        gpu = measure_gemm_peak(threads, n=4096, reps=reps, device="cuda", tf32=tf32)
         info["peak_gflops_fp32_cuda"], info["peak_gflops_bf16_cuda"] = gpu["fp32"], gpu["bf16"]
+        info["cuda_precision_flags"] = gpu["precision_flags"]  # == what both loops are given
+        info["cuda_device_count"] = torch.cuda.device_count()
+        info["cuda_pinned_device"] = first_visible_gpu()  # this process's cuda:0, where the GEMM peak ran
     return info
 
 
@@ -308,11 +470,21 @@ def _record():
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         info["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    if torch is not None:  # as they were at the end of the run (did anything change them?)
+        info["precision_flags"] = {{
+            "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+            "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        }}
     with open(os.path.join(out, "rank%d.json" % rank), "w") as fh:
         json.dump(info, fh)
 
 
 import accel_train.runtime as _runtime  # multi-process runs leave through finish_process (os._exit)
+import torch as _torch
+
+if os.environ.get("ACCEL_BENCH_TF32") in ("0", "1"):  # the benchmark's TF32 choice, as for its plain loop
+    _torch.backends.cuda.matmul.allow_tf32 = _torch.backends.cudnn.allow_tf32 = os.environ["ACCEL_BENCH_TF32"] == "1"
 
 _finish = _runtime.finish_process
 
@@ -331,9 +503,9 @@ finally:
 '''
 
 
-def write_wrapper(directory: Path) -> Path:
+def write_wrapper(directory: Path, train: Path = TRAIN_SCRIPT) -> Path:
     path = directory / "train_with_memory.py"
-    path.write_text(_WRAPPER.format(train=str(TRAIN_SCRIPT), repo=str(REPO)))
+    path.write_text(_WRAPPER.format(train=str(train), repo=str(REPO)))
     return path
 
 
@@ -343,12 +515,20 @@ def synthetic_size(batch: int, total_steps: int) -> int:
 
 
 def portable_command(
-    setup: Setup, model: str, batch: int, steps: int, run_dir: Path, wrapper: Path, mode: str
+    setup: Setup,
+    model: str,
+    batch: int,
+    steps: int,
+    run_dir: Path,
+    wrapper: Path,
+    mode: str,
+    workload: Workload = WORKLOADS["mnist"],
 ) -> list[str]:
     total = WARMUP_STEPS + steps
     args = [
         "--dataset",
         "synthetic",
+        *workload.train_args(),
         "--model",
         model,
         "--max-steps",
@@ -397,40 +577,84 @@ def _display_command(cmd: list[str]) -> str:
     return text.replace("python -m accelerate.commands.accelerate_cli launch", "accelerate launch")
 
 
+def portable_env(
+    setup: Setup, opts: BenchOptions, mem_dir: Path, parent_env: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment of a portable run: GPUs pinned (see ``visible_devices``), the TF32 choice for the wrapper."""
+    env = child_env({"ACCEL_BENCH_MEM_DIR": str(mem_dir)})
+    visible = visible_devices(setup, parent_env)
+    if visible is not None and setup.processes == 1:  # multi_cpu.yaml hides the GPUs itself
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    tf32 = opts.cuda_tf32(setup)
+    if tf32 is not None:
+        env["ACCEL_BENCH_TF32"] = "1" if tf32 else "0"
+    return env
+
+
+def portable_summary_fields(summary: dict[str, Any]) -> dict[str, Any]:
+    """What a portable run reports from its summary.json (keys a trainer version lacks read as None)."""
+    return {
+        "samples_per_s": summary.get("train_samples_per_s"),
+        "data_wait_fraction": summary.get("data_wait_fraction"),
+        "threads_per_process": summary.get("threads_per_process"),
+        "global_batch": summary.get("global_batch"),
+        "peak_memory_mb": summary.get("peak_memory_mb"),  # torch.cuda.max_memory_allocated; None on CPU
+        "data_parallel": summary.get("data_parallel"),
+        "device": summary.get("device"),
+    }
+
+
+def setup_mismatch(setup: Setup, summary: dict[str, Any], ranks: Sequence[dict[str, Any]], tf32: bool | None) -> str:
+    """Why a portable run is not the intended setup ('' when it is)."""
+    problems = []
+    expected = "bf16" if setup.bf16 else "no"
+    if summary.get("mixed_precision") != expected or summary.get("world_size") != setup.processes:
+        problems.append(f"mixed_precision {summary.get('mixed_precision')}, world_size {summary.get('world_size')}")
+    if summary.get("data_parallel"):
+        problems.append("it ran nn.DataParallel over several GPUs (CUDA_VISIBLE_DEVICES did not pin one)")
+    if tf32 is not None:
+        for r in ranks:
+            flags = r.get("precision_flags")
+            if flags and (flags["matmul_allow_tf32"], flags["cudnn_allow_tf32"]) != (tf32, tf32):
+                problems.append(f"TF32 flags at the end of the run {flags}, set to {tf32} at its start")
+                break
+    return "the run did not use the intended setup: " + "; ".join(problems) if problems else ""
+
+
 def run_portable(setup: Setup, model: str, opts: BenchOptions, work: Path, wrapper: Path, tag: str) -> dict[str, Any]:
-    plan = MODEL_PLANS[model]
+    workload = opts.workload_for(setup)
+    plan = workload.plans[model]
     run_dir = work / f"portable_{model}_{setup.name}_{tag}"
     mem_dir = work / f"mem_{model}_{setup.name}_{tag}"
     mem_dir.mkdir(parents=True, exist_ok=True)
-    cmd = portable_command(setup, model, plan.batch, opts.steps(model), run_dir, wrapper, opts.mode)
-    env = child_env({"ACCEL_BENCH_MEM_DIR": str(mem_dir)})
+    cmd = portable_command(setup, model, plan.batch, opts.steps(model, workload), run_dir, wrapper, opts.mode, workload)
+    env = portable_env(setup, opts, mem_dir)
+    shown = _display_command(cmd)
+    if setup.device == "cuda" and "CUDA_VISIBLE_DEVICES" in env:
+        shown = f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']} {shown}"
     load_before = os.getloadavg()[0]
-    if setup.device == "cpu" and setup.processes == 1:  # multi_cpu.yaml hides the GPUs itself
-        env["CUDA_VISIBLE_DEVICES"] = ""
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(
             cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800 if opts.mode == "full" else 400
         )
     except subprocess.TimeoutExpired:
-        return {"error": "timed out", "command": _display_command(cmd)}
+        return {"error": "timed out", "command": shown}
     out: dict[str, Any] = {
-        "command": _display_command(cmd),
+        "command": shown,
         "wall_s": time.perf_counter() - t0,
         "loadavg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES") if setup.device == "cuda" else None,
     }
     summary_path = run_dir / "summary.json"
     if proc.returncode != 0 or not summary_path.is_file():
         out["error"] = f"exit {proc.returncode}: {_tail(proc.stderr)}"
         return out
     summary = _load_json(summary_path)
-    expected = "bf16" if setup.bf16 else "no"
-    if summary.get("mixed_precision") != expected or summary.get("world_size") != setup.processes:
-        out["error"] = (
-            f"the run did not use the intended setup: mixed_precision {summary.get('mixed_precision')}, "
-            f"world_size {summary.get('world_size')}"
-        )
     ranks = [_load_json(p) for p in sorted(mem_dir.glob("rank*.json"))]
+    mismatch = setup_mismatch(setup, summary, ranks, opts.cuda_tf32(setup))
+    if mismatch:
+        out["error"] = mismatch
     windows = []  # train events every log_every (10) steps; the first window holds the warm-up steps
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file():
@@ -438,16 +662,14 @@ def run_portable(setup: Setup, model: str, opts: BenchOptions, work: Path, wrapp
             record = json.loads(line)
             if record.get("event") == "train" and record.get("step", 0) > WINDOW_STEPS and "samples_per_s" in record:
                 windows.append(record["samples_per_s"])
+    out.update(portable_summary_fields(summary))
     out.update(
         {
-            "samples_per_s": summary.get("train_samples_per_s"),
             "window_samples_per_s": windows,
-            "data_wait_fraction": summary.get("data_wait_fraction"),
-            "threads_per_process": summary.get("threads_per_process"),
-            "global_batch": summary.get("global_batch"),
             "peak_rss_mb": max((r["peak_rss_mb"] for r in ranks), default=None),
             "peak_rss_mb_per_rank": [round(r["peak_rss_mb"], 1) for r in ranks],
             "peak_cuda_mb": max((r["peak_cuda_mb"] for r in ranks if "peak_cuda_mb" in r), default=None),
+            "precision_flags": ranks[0].get("precision_flags") if ranks else None,
         }
     )
     if not opts.keep_runs:
@@ -463,7 +685,9 @@ class PlainTrainer:
     """The hand-written loop: synthetic uint8 tensors in memory, normalised per batch, Adam, cross-entropy.
 
     ``batch`` is the global batch; under DDP each rank takes its contiguous share of
-    every global batch (as Accelerate shards batches).
+    every global batch (as Accelerate shards batches). ``train_step`` never waits for the
+    device; ``log_point`` (every ``log_every`` steps, as the portable loop logs) is the one
+    host sync. ``step`` times each phase with a device sync after it (the breakdown probes).
     """
 
     def __init__(
@@ -478,6 +702,8 @@ class PlainTrainer:
         clip: float = DEFAULT_CLIP,
         device: str = "cpu",
         seed: int = SYNTHETIC_SEED,
+        channels: int = 1,
+        image_size: int = 28,
     ):
         import torch
         import torch.distributed as dist
@@ -492,11 +718,11 @@ class PlainTrainer:
         self.batch, self.micro = batch, batch // self.world
         self.bf16, self.clip = bf16, clip
         n = synthetic_size(batch, total_steps)
-        self.images, self.labels = make_synthetic(n, 10, 1, 28, seed=seed)  # the portable's training data
+        self.images, self.labels = make_synthetic(n, 10, channels, image_size, seed=seed)  # the portable's data
         self.order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         torch.manual_seed(seed)
-        net = create_model(model, 10, 1, 28).to(self.device)
+        net = create_model(model, 10, channels, image_size).to(self.device)
         if channels_last:
             net = net.to(memory_format=torch.channels_last)
         if self.world > 1:
@@ -509,11 +735,16 @@ class PlainTrainer:
         self.scale = 1.0 / (255.0 * SYNTHETIC_STD)
         self.shift = -SYNTHETIC_MEAN / SYNTHETIC_STD
         self._sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        self._loss_sum = None  # the open log window's loss, on the device
+        self.host_syncs = 0  # log points: .item() reads of the running loss
 
     def batch_at(self, step: int):
         start = step * self.batch + self.rank * self.micro
         idx = self.order[start : start + self.micro]
-        return self.images.index_select(0, idx), self.labels.index_select(0, idx)
+        images, labels = self.images.index_select(0, idx), self.labels.index_select(0, idx)
+        if self.device.type == "cuda":  # as accel_train's loader (pin_memory on CUDA): the copy stays asynchronous
+            images, labels = images.pin_memory(), labels.pin_memory()
+        return images, labels
 
     def forward_backward(self, images, labels, sync: bool = True):
         import torch.nn.functional as F
@@ -535,8 +766,31 @@ class PlainTrainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
+    def train_step(self, step: int) -> tuple[float, float, float]:
+        """One step without waiting for the device: host seconds (data, forward+backward, optimizer).
+
+        On CPU the host seconds are the phase times; on CUDA they are launch times (see ``step``).
+        """
+        t0 = time.perf_counter()
+        images, labels = self.batch_at(step)
+        t1 = time.perf_counter()
+        loss = self.forward_backward(images, labels).detach()
+        t2 = time.perf_counter()
+        self.optimizer_step()
+        self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
+        return t1 - t0, t2 - t1, time.perf_counter() - t2
+
+    def log_point(self) -> float | None:
+        """What a hand-written loop does every ``log_every`` steps: read its running loss (waits for the device)."""
+        if self._loss_sum is None:
+            return None
+        self.host_syncs += 1
+        value = self._loss_sum.item()
+        self._loss_sum = None
+        return value
+
     def step(self, step: int, sync: bool = True) -> tuple[float, float, float]:
-        """One timed step: (data, forward+backward, optimizer) seconds."""
+        """One step timed per phase, with a device sync after each: (data, forward+backward, optimizer) seconds."""
         t0 = time.perf_counter()
         images, labels = self.batch_at(step)
         t1 = time.perf_counter()
@@ -548,39 +802,89 @@ class PlainTrainer:
         return t1 - t0, t2 - t1, time.perf_counter() - t2
 
 
-def _window_rates(step_times: Sequence[float], batch: int, window: int = WINDOW_STEPS) -> list[float]:
-    """samples/s of consecutive ``window``-step windows (the portable logs such windows every log_every steps)."""
-    return [batch * window / sum(step_times[i : i + window]) for i in range(0, len(step_times) - window + 1, window)]
+def plain_throughput(
+    trainer: PlainTrainer, steps: int, log_every: int = WINDOW_STEPS, warmup: int = WARMUP_STEPS
+) -> dict[str, Any]:
+    """``warmup`` steps, then ``steps`` measured steps that sync the host only at log points.
+
+    Log points fall where the portable loop logs (global step % ``log_every`` == 0, warm-up
+    steps counted); the clock starts after the warm-up's work has drained and stops after
+    the last step's. ``window_samples_per_s``: the full windows between two log points (the
+    portable reports the same windows). ``phase_s``: host seconds per phase, summed.
+    """
+    for i in range(warmup):
+        trainer.train_step(i)
+    trainer.log_point()
+    data = fb = opt = 0.0
+    windows: list[float] = []
+    t_start = time.perf_counter()
+    last_log: tuple[int, float] | None = None  # (global step, time) of the last log point in the measurement
+    for i in range(warmup, warmup + steps):
+        d, f, o = trainer.train_step(i)
+        data, fb, opt = data + d, fb + f, opt + o
+        global_step = i + 1
+        if log_every and global_step % log_every == 0:
+            trainer.log_point()
+            now = time.perf_counter()
+            if last_log is not None:
+                windows.append(trainer.batch * (global_step - last_log[0]) / (now - last_log[1]))
+            last_log = (global_step, now)
+    trainer.log_point()  # the tail after the last log point (nothing when the last step was one)
+    seconds = time.perf_counter() - t_start
+    return {
+        "seconds": seconds,
+        "samples_per_s": trainer.batch * steps / seconds,
+        "window_samples_per_s": windows,
+        "phase_s": {"data_wait": data, "forward_backward": fb, "optimizer": opt},
+        "log_every": log_every,
+    }
 
 
 def _plain_measure(run: dict[str, Any]) -> dict[str, Any]:
+    import gc
+
+    import torch
+
     steps, probe = run["steps"], run.get("sync_probe_steps", 0)
-    total = WARMUP_STEPS + steps + 2 * probe
+    device = run.get("device", "cpu")
+    cuda = device == "cuda"
+    phase_steps = min(steps, WINDOW_STEPS) if cuda else 0  # CUDA: the breakdown needs synced steps of its own
+    total = WARMUP_STEPS + steps + 2 * probe + phase_steps
+    if cuda:
+        if run.get("tf32") is not None:
+            set_tf32(run["tf32"])
+        gc.collect()  # this server measured other models before: their peak must not count
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     trainer = PlainTrainer(
         run["model"],
         run["batch"],
         total,
         bf16=run.get("bf16", False),
         channels_last=run.get("channels_last", False),
-        device=run.get("device", "cpu"),
+        device=device,
+        channels=run.get("channels", 1),
+        image_size=run.get("image_size", 28),
     )
-    for i in range(WARMUP_STEPS):
-        trainer.step(i)
-    data = fb = opt = 0.0
-    step_times = []
-    for i in range(WARMUP_STEPS, WARMUP_STEPS + steps):
-        d, f, o = trainer.step(i)
-        data, fb, opt = data + d, fb + f, opt + o
-        step_times.append(d + f + o)
+    timing = plain_throughput(trainer, steps, log_every=run.get("log_every", WINDOW_STEPS))
+    next_step = WARMUP_STEPS + steps
+    phase = timing["phase_s"]
+    data, fb, opt = phase["data_wait"], phase["forward_backward"], phase["optimizer"]
     sync_s = 0.0
     if trainer.world > 1 and probe:
         # gradient synchronisation: backward with DDP's all-reduce vs backward under no_sync, alternated
         synced, local = [], []
         for j in range(2 * probe):
-            _, f, _ = trainer.step(WARMUP_STEPS + steps + j, sync=j % 2 == 0)
+            _, f, _ = trainer.step(next_step + j, sync=j % 2 == 0)
             (synced if j % 2 == 0 else local).append(f)
+        next_step += 2 * probe
         sync_s = max(0.0, statistics.median(synced) - statistics.median(local))
         sync_s = min(sync_s, fb / steps)  # a noisy probe must not claim more than the whole backward
+    breakdown_source = "host time of the measured steps (CPU: the host waits for every op)"
+    if phase_steps:
+        probes = [trainer.step(next_step + j) for j in range(phase_steps)]
+        data, fb, opt = (sum(p[k] for p in probes) * steps / phase_steps for k in range(3))
+        breakdown_source = f"{phase_steps} extra steps with a device sync after each phase"
     scalar_allreduce_ms = None
     if trainer.world > 1:  # what one extra scalar collective per step costs (e.g. a stop-flag all-reduce)
         import torch.distributed as dist
@@ -591,7 +895,7 @@ def _plain_measure(run: dict[str, Any]) -> dict[str, Any]:
         for _ in range(20):
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         scalar_allreduce_ms = (time.perf_counter() - t0) / 20 * 1000
-    total_s = data + fb + opt
+    total_s = timing["seconds"]
     per_step = {
         k: 1000.0 * v / steps
         for k, v in (
@@ -602,19 +906,22 @@ def _plain_measure(run: dict[str, Any]) -> dict[str, Any]:
             ("total", total_s),
         )
     }
-    out = {
+    return {
         "model": run["model"],
-        "samples_per_s": run["batch"] * steps / total_s,
-        "window_samples_per_s": _window_rates(step_times, run["batch"]),
-        "data_wait_fraction": data / total_s,
+        "samples_per_s": timing["samples_per_s"],
+        "window_samples_per_s": timing["window_samples_per_s"],
+        "data_wait_fraction": min(1.0, phase["data_wait"] / total_s),
         "step_breakdown_ms": per_step,
+        "breakdown_source": breakdown_source,
         "scalar_allreduce_ms": scalar_allreduce_ms,
         "threads": trainer.torch.get_num_threads(),
         "world_size": trainer.world,
+        "log_every": timing["log_every"],
+        "host_syncs": trainer.host_syncs,  # log points, not steps
+        "precision_flags": precision_flags(),
+        "peak_memory_mb": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES") if cuda else None,
     }
-    if trainer.device.type == "cuda":
-        out["peak_cuda_mb"] = trainer.torch.cuda.max_memory_allocated() / 2**20
-    return out
 
 
 def _write_atomic(path: Path, data: Any) -> None:
@@ -690,8 +997,10 @@ class PlainServer:
         else:
             cmd = [sys.executable, *child]
         env = child_env()
-        if setup.device == "cpu":
-            env["CUDA_VISIBLE_DEVICES"] = ""
+        visible = visible_devices(setup)  # CPU: none; one CUDA process: one GPU, the portable run's
+        if visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible
+        self.cuda_visible_devices = visible
         self.log_path = self.dir / "output.txt"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
@@ -756,13 +1065,18 @@ class ServerPool:
 
 
 def plain_command(setup: Setup, model: str, opts: BenchOptions) -> dict[str, Any]:
+    workload = opts.workload_for(setup)
     return {
         "model": model,
-        "batch": MODEL_PLANS[model].batch,
-        "steps": opts.steps(model),
+        "batch": workload.plans[model].batch,
+        "steps": opts.steps(model, workload),
+        "channels": workload.channels,
+        "image_size": workload.image_size,
         "bf16": setup.bf16,
         "channels_last": setup.channels_last,
         "device": setup.device,
+        "tf32": opts.cuda_tf32(setup),
+        "log_every": WINDOW_STEPS,
         "sync_probe_steps": (6 if opts.mode == "full" else 1) if setup.processes > 1 else 0,
     }
 
@@ -799,9 +1113,10 @@ def _study(spec: dict[str, Any]) -> dict[str, Any]:
     model, batch, rounds = spec["model"], spec["batch"], spec["rounds"]
     per_round, warm = 1, 2  # variants alternate every step: machine noise hits all of them alike
     total = warm + rounds * per_round + 1
+    shape = {"channels": spec.get("channels", 1), "image_size": spec.get("image_size", 28)}
     trainers = {
         v["name"]: PlainTrainer(
-            model, batch, total, bf16=v["bf16"], channels_last=v["channels_last"], fused=v.get("fused")
+            model, batch, total, bf16=v["bf16"], channels_last=v["channels_last"], fused=v.get("fused"), **shape
         )
         for v in spec["variants"]
     }
@@ -870,6 +1185,7 @@ def _study_variants(model: str, mode: str) -> list[dict[str, Any]]:
 def run_study(models: Sequence[str], opts: BenchOptions, pool: ServerPool) -> list[dict[str, Any]]:
     rounds = {"smoke": 1, "quick": 2, "full": 8}[opts.mode]
     server = pool.get(SETUPS[0])  # 1 process, all cores
+    workload = opts.workload_for(SETUPS[0])
     out = []
     for model in models:
         opts.log(f"bench: bf16 study ({model}: fp32/bf16 x NCHW/channels_last, round-robin in one process)")
@@ -878,7 +1194,9 @@ def run_study(models: Sequence[str], opts: BenchOptions, pool: ServerPool) -> li
             {
                 "kind": "study",
                 "model": model,
-                "batch": MODEL_PLANS[model].batch,
+                "batch": workload.plans[model].batch,
+                "channels": workload.channels,
+                "image_size": workload.image_size,
                 "rounds": rounds,
                 "variants": variants,
                 "profile": True,
@@ -925,7 +1243,7 @@ def time_to_accuracy_portable(dataset: str, data_dir: str | None, work: Path, ca
     t_launch = time.perf_counter()
     err_path = work / f"t2a_portable_{dataset}.err"
     with open(err_path, "w") as err:  # a file, not a pipe: a chatty child can never block on it
-        proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(cmd, cwd=REPO, env=one_gpu_env(), stdout=subprocess.DEVNULL, stderr=err)
     offset = 0
     stopped_by = None
     while True:
@@ -1001,7 +1319,7 @@ def time_to_accuracy_seed000(
         proc = subprocess.run(
             [sys.executable, "-m", "benchmarks.bench", "--child", "seed000", str(spec_path)],
             cwd=REPO,
-            env=child_env(),
+            env=one_gpu_env(),
             capture_output=True,
             text=True,
             timeout=cap_s + 300,
@@ -1143,11 +1461,11 @@ def time_to_accuracy(opts: BenchOptions, work: Path) -> dict[str, Any]:
 
 
 def _cells(opts: BenchOptions, setups: Sequence[Setup]) -> list[tuple[Setup, str]]:
-    models = opts.models or MODELS
     subset = opts.mode == "quick" and not opts.models and not opts.setups
     cells = []
     for setup in setups:
-        for model in models:
+        workload = opts.workload_for(setup)
+        for model in [m for m in (opts.models or workload.models) if m in workload.plans]:
             if setup.study_only and model not in STUDY_MODELS:
                 continue
             if subset and model not in QUICK_CELLS.get(setup.name, ()):
@@ -1213,6 +1531,8 @@ def aggregate(
     results = []
     for (setup_name, model), runs in raw.items():
         setup = by_name[setup_name]
+        workload = opts.workload_for(setup)
+        plan = workload.plans[model]
         portable = [r for r in runs["portable"] if "error" not in r]
         plain = [r for r in runs["plain"] if "error" not in r]
         errors = [r["error"] for r in runs["portable"] + runs["plain"] if "error" in r]
@@ -1220,7 +1540,7 @@ def aggregate(
         plain_sps = _median([r["samples_per_s"] for r in plain])
         best = max((w for r in portable for w in r.get("window_samples_per_s", [])), default=None)
         plain_best = max((w for r in plain for w in r.get("window_samples_per_s", [])), default=None)
-        fps = flops_per_sample(model, MODEL_PLANS[model].batch)
+        fps = flops_per_sample(model, plan.batch, workload.channels, workload.image_size)
         peak_key = "peak_gflops_bf16" if setup.bf16 else "peak_gflops_fp32"
         if setup.device == "cuda":
             peak_key += "_cuda"
@@ -1236,8 +1556,10 @@ def aggregate(
             "precision": setup.precision,
             "channels_last": setup.channels_last,
             "device": setup.device,
-            "global_batch": MODEL_PLANS[model].batch,
-            "steps_measured": opts.steps(model),
+            "workload": workload.name,
+            "input_shape": [workload.channels, workload.image_size, workload.image_size],
+            "global_batch": plan.batch,
+            "steps_measured": opts.steps(model, workload),
             "warmup_steps": WARMUP_STEPS,
             "repeats": len(portable),
             "samples_per_s": sps,
@@ -1259,6 +1581,18 @@ def aggregate(
             "mfu_peak": peak_key,
             "peak_rss_mb": max((r["peak_rss_mb"] for r in portable if r.get("peak_rss_mb")), default=None),
             "peak_rss_mb_per_rank": portable[0]["peak_rss_mb_per_rank"] if portable else None,
+            # peak CUDA memory allocated (portable: its summary.json; plain: max_memory_allocated); None on CPU
+            "peak_memory_mb": max((r["peak_memory_mb"] for r in portable if r.get("peak_memory_mb")), default=None),
+            "plain_peak_memory_mb": max((r["peak_memory_mb"] for r in plain if r.get("peak_memory_mb")), default=None),
+            "cuda_visible_devices": next(
+                (r["cuda_visible_devices"] for r in portable if r.get("cuda_visible_devices") is not None), None
+            ),
+            "precision_flags": {
+                "portable": portable[0].get("precision_flags") if portable else None,
+                "plain": plain[0].get("precision_flags") if plain else None,
+            },
+            "plain_log_every": plain[0].get("log_every") if plain else None,
+            "plain_breakdown_source": plain[0].get("breakdown_source") if plain else None,
             "threads_per_process": portable[0]["threads_per_process"] if portable else None,
             "loadavg_1min": max((max(r["loadavg_1min"]) for r in portable if r.get("loadavg_1min")), default=None),
             "command": (runs["portable"][0].get("command") if runs["portable"] else None),
@@ -1271,7 +1605,7 @@ def aggregate(
     index = {(r["setup"], r["model"]): r for r in results}
     for r in results:
         base = index.get(("cpu_fp32", r["model"]))
-        if base and r["setup"] != "cpu_fp32":
+        if base and r["setup"] != "cpu_fp32" and base["workload"] == r["workload"]:
             r["speedup_vs_cpu_fp32"] = _ratio(r["samples_per_s"], base["samples_per_s"])
             r["plain_speedup_vs_cpu_fp32"] = _ratio(r["plain_samples_per_s"], base["plain_samples_per_s"])
     return results
@@ -1295,10 +1629,11 @@ def evaluate_goals(
     goals = []
     index = {(r["setup"], r["model"]): r for r in results}
     for r in results:
-        if r["setup"] == "cpu_fp32":
+        if r["setup"] in ("cpu_fp32", "cuda_fp32"):
+            where = "1 CPU process" if r["setup"] == "cpu_fp32" else f"1 GPU, {r.get('workload', 'mnist')}"
             goals.append(
                 _goal(
-                    f"portable >= {GOAL_RATIO_VS_PLAIN}x plain samples/s ({r['model']}, 1 CPU process)",
+                    f"portable >= {GOAL_RATIO_VS_PLAIN}x plain samples/s ({r['model']}, {where})",
                     r["ratio_vs_plain"],
                     GOAL_RATIO_VS_PLAIN,
                     best_window=r.get("ratio_vs_plain_best_window"),
@@ -1361,6 +1696,33 @@ def evaluate_goals(
     return goals
 
 
+def workloads_used(opts: BenchOptions, setups: Sequence[Setup]) -> dict[str, Any]:
+    """Per workload measured: its shape, its setups, and per model the global batch and measured steps."""
+    used: dict[str, Any] = {}
+    for setup, model in _cells(opts, setups):
+        workload = opts.workload_for(setup)
+        entry = used.setdefault(
+            workload.name,
+            {"input_shape": [workload.channels, workload.image_size, workload.image_size], "setups": [], "models": {}},
+        )
+        if setup.name not in entry["setups"]:
+            entry["setups"].append(setup.name)
+        plan = workload.plans[model]
+        entry["models"][model] = {"global_batch": plan.batch, "steps_measured": opts.steps(model, workload)}
+    return used
+
+
+def data_description(opts: BenchOptions, setups: Sequence[Setup]) -> str:
+    by_workload: dict[str, list[str]] = {}
+    for setup in setups:
+        by_workload.setdefault(opts.workload_for(setup).name, []).append(setup.name)
+    if len(by_workload) == 1:
+        text = WORKLOADS[next(iter(by_workload))].description
+    else:
+        text = "; ".join(f"{WORKLOADS[w].description} ({', '.join(names)})" for w, names in by_workload.items())
+    return text + ", in memory (same tensors for portable and plain)"
+
+
 def run_benchmark(opts: BenchOptions) -> dict[str, Any]:
     """Measure everything and write ``benchmark.json``, ``benchmark.md`` and ``benchmark.png`` into ``opts.out``."""
     import torch
@@ -1374,13 +1736,26 @@ def run_benchmark(opts: BenchOptions) -> dict[str, Any]:
             from accel_train.errors import UserError
 
             raise UserError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+    select_workload("cpu", opts.workload)  # an unknown --workload fails before anything is measured
     with_cuda = torch.cuda.is_available()
     setups = _select_setups(opts, with_cuda)
     if opts.smoke:
-        opts.models = ("lenet",)
+        opts.models = ("lenet",) if opts.workload_for(SETUPS[0]).name == "mnist" else None
+    for setup in setups:
+        workload = opts.workload_for(setup)
+        if opts.models and not _cells(opts, [setup]):
+            opts.log(
+                f"bench: note: {setup.name} measures the {workload.name} workload ({', '.join(workload.models)}); "
+                "the --models given leave it nothing to measure"
+            )
+        elif setup.device == "cuda":
+            opts.log(
+                f"bench: {setup.name}: {workload.description} data, pinned to one GPU "
+                f"(CUDA_VISIBLE_DEVICES={visible_devices(setup)}), TF32 {'on' if opts.tf32 else 'off'}"
+            )
     threads = available_cores()
     opts.log(f"bench: {opts.mode} mode; measuring the machine (GEMM peak, {threads} threads)")
-    machine = machine_info(threads, opts.mode, with_cuda)
+    machine = machine_info(threads, opts.mode, with_cuda, tf32=opts.tf32)
     machine["loadavg_start"] = [round(x, 2) for x in load_start]
     if load_start[0] > 0.5 * threads:
         opts.log(
@@ -1396,7 +1771,8 @@ def run_benchmark(opts: BenchOptions) -> dict[str, Any]:
         raw = measure_grid(opts, setups, work, wrapper, pool)
         results = aggregate(raw, setups, machine, opts)
         study: list[dict[str, Any]] = []
-        study_models = [m for m in STUDY_MODELS if m in (opts.models or MODELS)]
+        cpu_workload = opts.workload_for(SETUPS[0])
+        study_models = [m for m in STUDY_MODELS if m in (opts.models or MODELS) and m in cpu_workload.plans]
         if not opts.smoke and study_models and any(s.device == "cpu" and s.processes == 1 for s in setups):
             study = run_study(study_models, opts, pool)
         pool.close()
@@ -1414,14 +1790,14 @@ def run_benchmark(opts: BenchOptions) -> dict[str, Any]:
             "mode": opts.mode,
             "repeats": opts.n_repeats(),
             "warmup_steps_excluded": WARMUP_STEPS,
-            "models": {
-                m: {"global_batch": MODEL_PLANS[m].batch, "steps_measured": opts.steps(m)}
-                for m in (opts.models or MODELS)
-            },
+            "log_every": WINDOW_STEPS,
+            "workload": opts.workload,
+            "workloads": workloads_used(opts, setups),
             "setups": [s.name for s in setups],
             "cells": [f"{s.name}/{m}" for s, m in _cells(opts, setups)],
             "quick_subset": opts.mode == "quick" and not opts.models and not opts.setups,
-            "data": "synthetic MNIST-shaped 1x28x28 uint8, in memory (same tensors for portable and plain)",
+            "data": data_description(opts, setups),
+            "cuda_tf32": opts.tf32 if any(s.device == "cuda" for s in setups) else None,
         },
         "results": results,
         "goals": evaluate_goals(results, t2a, help_timing),
@@ -1647,6 +2023,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"{m.get('loadavg_start')}, at end {m.get('loadavg_end')}: when other processes share the CPU, absolute "
         "numbers are noisy; each plain measurement is taken right next to its portable run and the RATIO is the "
         f"result. Total time {report['total_wall_s']:.0f} s.",
+        *_gpu_md(m),
         "",
         "## Throughput: portable loop vs plain PyTorch loop",
         "",
@@ -1661,26 +2038,32 @@ def render_markdown(report: dict[str, Any]) -> str:
         ),
         f"Data: {s['data']}. *Portable*: `scripts/train.py` launched as users do (commands below), steady-state "
         "samples/s and data wait from its summary.json. *Plain*: a hand-written loop in its own process (same model, "
-        "data, global batch, threads; Adam, cross-entropy and the loop's default grad-norm clipping). *best win.*: "
+        "data, global batch, threads; Adam, cross-entropy and the loop's default grad-norm clipping; like the "
+        f"portable loop it waits for the device only at log points, every {WINDOW_STEPS} steps). *best win.*: "
         f"ratio of the best {WINDOW_STEPS}-step windows of both sides (only with >= {2 * WINDOW_STEPS} steps). "
         "*Breakdown*: plain loop, ms per step: data / forward+backward / optimizer / gradient all-reduce (DDP: "
-        "synced minus no_sync backward). MFU: FLOPs of forward+backward (FlopCounterMode) x samples/s over the GEMM "
+        "synced minus no_sync backward; on CUDA from extra steps synced after each phase). MFU: FLOPs of "
+        "forward+backward (FlopCounterMode) x samples/s over the GEMM "
         "peak of the same dtype. *load*: highest 1-minute load average around the portable run(s) (this "
         f"benchmark's own threads count; {m['cores']} cores).",
         "",
+    ]
+    gpu_mem = any(r.get("peak_memory_mb") or r.get("plain_peak_memory_mb") for r in report["results"])
+    lines += [
         "| model | setup | batch | portable samples/s | plain samples/s | ratio | best win. | data wait | "
-        "breakdown ms | GFLOP/s | MFU | peak RSS MB | load |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+        "breakdown ms | GFLOP/s | MFU | peak RSS MB | load |" + (" peak GPU MB portable/plain |" if gpu_mem else ""),
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|" + ("---:|" if gpu_mem else ""),
     ]
     for r in report["results"]:
         b = r.get("step_breakdown_ms") or {}
         bd = "/".join(_f(b.get(k), ".1f") for k in ("data_wait", "forward_backward", "optimizer", "sync")) if b else "-"
+        mem = f" {_f(r.get('peak_memory_mb'), '.0f')}/{_f(r.get('plain_peak_memory_mb'), '.0f')} |" if gpu_mem else ""
         lines.append(
             f"| {r['model']} | {r['setup']} | {r['global_batch']} | {_f(r['samples_per_s'], '.0f')} | "
             f"{_f(r['plain_samples_per_s'], '.0f')} | {_f(r['ratio_vs_plain'], '.3f')} | "
             f"{_f(r.get('ratio_vs_plain_best_window'), '.3f')} | {_pct(r['data_wait_fraction'])} | {bd} | "
             f"{_f(r['achieved_gflops'], '.1f')} | {_pct(r['mfu'])} | {_f(r['peak_rss_mb'], '.0f')} | "
-            f"{_f(r.get('loadavg_1min'), '.1f')} |"
+            f"{_f(r.get('loadavg_1min'), '.1f')} |{mem}"
         )
     errors = [(r["model"], r["setup"], e) for r in report["results"] for e in r.get("errors", [])]
     if errors:
@@ -1715,6 +2098,33 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += ["", "## bf16 on this CPU", ""] + _bf16_findings(report) + _study_md(report.get("bf16_study", []))
     lines += ["", BF16_BACKGROUND.format(amx="yes" if m.get("amx_bf16") else "no", gemm_ratio=m["gemm_bf16_over_fp32"])]
     return "\n".join(lines) + "\n"
+
+
+def _gpu_md(m: dict[str, Any]) -> list[str]:
+    """What the CUDA rows mean: which GPU, which precision, which peak."""
+    if not m.get("cuda"):
+        return []
+    flags = m.get("cuda_precision_flags") or {}
+    tf32 = m.get("cuda_tf32")
+    return [
+        "",
+        f"GPU: {m['cuda']} ({m.get('cuda_device_count', '?')} visible to the benchmark). Every CUDA run is pinned "
+        f"to ONE GPU: `CUDA_VISIBLE_DEVICES={m.get('cuda_pinned_device')}` in the environment of the portable and "
+        "the plain loop (the GPU the GEMM peak ran on), so the portable loop never wraps the model in "
+        "`nn.DataParallel`, as it does when one process sees several GPUs. Precision: TF32 "
+        f"**{'on' if tf32 else 'off'}** for matmuls AND convolutions (`torch.backends.cuda.matmul.allow_tf32="
+        f"{flags.get('matmul_allow_tf32')}`, `torch.backends.cudnn.allow_tf32={flags.get('cudnn_allow_tf32')}`), "
+        "set the same way for the GEMM peak, the plain loop and the portable loop (the portable through the "
+        "benchmark's wrapper; the flags it ended with are checked). PyTorch's defaults differ (matmuls off, "
+        "convolutions on): an fp32 peak taken with them is a true-fp32 peak while the convolutions run in TF32. "
+        + (
+            "With TF32 on, `cuda_fp32` means fp32 storage with TF32 tensor-core math, what a ResNet gets by "
+            "default anyway (its FLOPs are convolutions), and its MFU is over the TF32 GEMM peak "
+            if tf32
+            else "With TF32 off (`--no-tf32`), `cuda_fp32` is strict fp32 math and its MFU is over the fp32 GEMM peak "
+        )
+        + f"({_f(m.get('peak_gflops_fp32_cuda'), '.0f')} GFLOP/s; bf16: {_f(m.get('peak_gflops_bf16_cuda'), '.0f')}).",
+    ]
 
 
 def _t2a_md(t2a: dict[str, Any]) -> list[str]:

@@ -298,7 +298,7 @@ def test_resume_from_a_damaged_checkpoint(tmp_path, trained_run, damage, needles
     _half(ckpt / damage)
     run_bad(
         "train.py",
-        [*FAST, "--batch-size", "16", "--max-steps", "4", "--resume", str(ckpt), "--output-dir", str(tmp_path / "run")],
+        [*FAST, "--max-steps", "4", "--extend", "--resume", str(ckpt), "--output-dir", str(tmp_path / "run")],
         [tmp_path],
         [str(ckpt), *needles, "start a new --output-dir"],
     )

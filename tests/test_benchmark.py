@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +57,10 @@ def test_smoke_run_writes_json_markdown_and_chart(tmp_path):
     assert 0 < entry["mfu"] and entry["peak_rss_mb"] > 0
     assert set(entry["step_breakdown_ms"]) == {"data_wait", "forward_backward", "optimizer", "sync", "total"}
     assert entry["command"].startswith("python scripts/train.py --dataset synthetic --model lenet")
+    assert entry["workload"] == "mnist" and entry["input_shape"] == [1, 28, 28]  # the CPU default is unchanged
+    assert entry["peak_memory_mb"] is None and entry["plain_peak_memory_mb"] is None  # CPU: no CUDA memory
+    assert entry["plain_log_every"] == 10 and entry["cuda_visible_devices"] is None
+    assert set(machine["precision_flags"]) == {"matmul_allow_tf32", "cudnn_allow_tf32", "float32_matmul_precision"}
 
     assert "time_to_accuracy" in report and "skipped" in report["time_to_accuracy"]
     assert report["train_help_s"]["median_s"] > 0
@@ -213,8 +218,7 @@ def test_goals_and_report_from_fabricated_numbers(tmp_path):
     assert (tmp_path / "chart.png").read_bytes()[:8] == PNG_SIGNATURE
 
 
-def test_window_rates_and_display_command():
-    assert bench._window_rates([0.1] * 25, batch=32) == pytest.approx([320.0, 320.0])
+def test_display_command():
     wrapper = Path("/tmp/accel_bench_x/train_with_memory.py")
     cmd = bench.portable_command(bench.SETUPS[2], "lenet", 32, 10, Path("/tmp/accel_bench_x/run"), wrapper, "quick")
     shown = bench._display_command(cmd)
@@ -232,3 +236,229 @@ def test_metrics_events_carry_seconds_since_the_run_started(tmp_path):
     record = json.loads((tmp_path / "metrics.jsonl").read_text())
     assert record["event"] == "eval" and record["eval_accuracy"] == 0.5
     assert 0 <= record["time_s"] < 60
+
+
+# --------------------------------------------------------------------------- GPU runs, checked on CPU
+
+CUDA_FP32 = bench.CUDA_SETUPS[0]
+CPU_FP32, GLOO = bench.SETUPS[0], bench.SETUPS[2]
+
+
+def test_cuda_selects_the_cifar_workload_and_cpu_keeps_mnist(tmp_path):
+    from accel_train.errors import UserError
+
+    assert bench.select_workload("cuda").name == "cifar" and bench.select_workload("cpu").name == "mnist"
+    assert (
+        bench.select_workload("cpu", "cifar").name == "cifar" and bench.select_workload("cuda", "mnist").name == "mnist"
+    )
+    with pytest.raises(UserError, match="unknown workload"):
+        bench.select_workload("cpu", "imagenet")
+
+    opts = bench.BenchOptions(out=tmp_path, quick=True)
+    workload = opts.workload_for(CUDA_FP32)
+    plan = opts.plan(CUDA_FP32, "resnet18")
+    assert (workload.channels, workload.image_size, plan.batch) == (3, 32, 256)
+    wrapper = tmp_path / "train_with_memory.py"
+    cmd = bench.portable_command(
+        CUDA_FP32,
+        "resnet18",
+        plan.batch,
+        opts.steps("resnet18", workload),
+        tmp_path / "run",
+        wrapper,
+        "quick",
+        workload,
+    )
+    shown = bench._display_command(cmd)
+    assert shown.startswith(
+        "python scripts/train.py --dataset synthetic --synthetic-channels 3 --synthetic-image-size 32 --model resnet18 "
+    )
+    assert "--global-batch-size 256" in shown
+    plain = bench.plain_command(CUDA_FP32, "resnet18", opts)
+    assert (plain["channels"], plain["image_size"], plain["batch"], plain["device"]) == (3, 32, 256, "cuda")
+    assert plain["tf32"] is True and plain["log_every"] == bench.WINDOW_STEPS
+
+    cells = bench._cells(opts, [CPU_FP32, CUDA_FP32])
+    assert [m for s, m in cells if s is CUDA_FP32] == ["resnet18"]  # MNIST shapes at batch 16-32 say nothing on a GPU
+    assert [m for s, m in cells if s is CPU_FP32] == list(bench.MODELS)
+    cpu_cmd = bench.portable_command(CPU_FP32, "lenet", 32, 4, tmp_path / "run", wrapper, "quick")
+    assert "--synthetic-channels" not in cpu_cmd
+    cpu_plain = bench.plain_command(CPU_FP32, "lenet", opts)
+    assert (cpu_plain["channels"], cpu_plain["image_size"], cpu_plain["batch"], cpu_plain["tf32"]) == (1, 28, 32, None)
+
+    forced = bench.BenchOptions(out=tmp_path, quick=True, workload="cifar")  # --workload cifar: on CPU too
+    assert bench.plain_command(CPU_FP32, "resnet18", forced)["channels"] == 3
+    assert [m for _, m in bench._cells(forced, [CPU_FP32])] == ["resnet18"]
+    trainer = bench.PlainTrainer("lenet", 4, 1, channels=3, image_size=32)
+    assert tuple(trainer.images.shape[1:]) == (3, 32, 32)
+
+
+def test_unknown_workload_is_a_one_line_error(tmp_path):
+    proc = _benchmark("--workload", "imagenet", "--out", str(tmp_path), timeout=120)
+    assert proc.returncode == 2 and "invalid choice: 'imagenet'" in proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+
+
+def test_cuda_runs_are_pinned_to_one_gpu(tmp_path, monkeypatch):
+    assert bench.visible_devices(CUDA_FP32, {}) == "0"
+    assert bench.visible_devices(CUDA_FP32, {"CUDA_VISIBLE_DEVICES": "3,1"}) == "3"
+    assert bench.visible_devices(CUDA_FP32, {"CUDA_VISIBLE_DEVICES": "GPU-aa, GPU-bb"}) == "GPU-aa"
+    assert bench.visible_devices(CPU_FP32, {"CUDA_VISIBLE_DEVICES": "3,1"}) == ""
+    assert bench.visible_devices(GLOO, {}) == ""
+    assert bench.one_gpu_env({"CUDA_VISIBLE_DEVICES": "4,7"})["CUDA_VISIBLE_DEVICES"] == "4"  # time to accuracy
+    no_gpu = bench.one_gpu_env({"CUDA_VISIBLE_DEVICES": ""})  # a host without GPUs: left as it is
+    assert no_gpu.get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
+
+    opts = bench.BenchOptions(out=tmp_path)
+    env = bench.portable_env(CUDA_FP32, opts, tmp_path, parent_env={"CUDA_VISIBLE_DEVICES": "2,3"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "2" and env["ACCEL_BENCH_TF32"] == "1"
+    env = bench.portable_env(CPU_FP32, opts, tmp_path, parent_env={"CUDA_VISIBLE_DEVICES": "2,3"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and "ACCEL_BENCH_TF32" not in env
+    strict = bench.BenchOptions(out=tmp_path, tf32=False)
+    assert bench.portable_env(CUDA_FP32, strict, tmp_path, parent_env={})["ACCEL_BENCH_TF32"] == "0"
+
+    started = []  # the plain loop's server: the same single GPU
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6")
+    monkeypatch.setattr(bench.subprocess, "Popen", lambda cmd, **kw: started.append(kw["env"]))
+    server = bench.PlainServer(CUDA_FP32, tmp_path, "t")
+    server._log.close()
+    assert started[0]["CUDA_VISIBLE_DEVICES"] == "5" and server.cuda_visible_devices == "5"
+
+    summary = {"mixed_precision": "no", "world_size": 1, "data_parallel": True}
+    assert "DataParallel" in bench.setup_mismatch(CUDA_FP32, summary, [], True)
+    assert bench.setup_mismatch(CUDA_FP32, {**summary, "data_parallel": False}, [], True) == ""
+
+
+def test_plain_loop_syncs_only_at_log_points():
+    import torch
+
+    # fused Adam: the default CPU Adam reads its CPU step counters with .item() (no device sync); fused
+    # keeps every .item() of the loop visible here
+    trainer = bench.PlainTrainer("lenet", 8, 40, fused=True)
+    phase_syncs = []
+    trainer._sync = lambda: phase_syncs.append(1)  # torch.cuda.synchronize on CUDA
+    items = []
+    item = torch.Tensor.item
+
+    def counting_item(self):
+        items.append(1)
+        return item(self)
+
+    torch.Tensor.item = counting_item
+    try:
+        result = bench.plain_throughput(trainer, steps=27, log_every=10, warmup=5)
+    finally:
+        torch.Tensor.item = item
+    # global steps 6..32: the end of the warm-up, the log points 10, 20, 30 and the tail: 5 reads for 32 steps
+    assert len(items) == trainer.host_syncs == 5
+    assert phase_syncs == []
+    assert len(result["window_samples_per_s"]) == 2 and result["samples_per_s"] > 0  # windows 10-20, 20-30
+    assert result["log_every"] == 10
+
+
+def test_plain_measure_records_precision_and_memory_on_cpu():
+    result = bench._plain_measure({"model": "lenet", "batch": 8, "steps": 12, "device": "cpu"})
+    assert result["peak_memory_mb"] is None and result["cuda_visible_devices"] is None
+    assert result["host_syncs"] == 3  # warm-up end, step 10, tail (step 17)
+    assert result["precision_flags"] == bench.precision_flags()
+    assert set(result["step_breakdown_ms"]) == {"data_wait", "forward_backward", "optimizer", "sync", "total"}
+    assert result["samples_per_s"] > 0 and "host time" in result["breakdown_source"]
+
+
+def test_tf32_is_set_alike_and_recorded(tmp_path):
+    before = bench.precision_flags()
+    for enabled in (True, False):
+        with bench.tf32_mode(enabled):
+            flags = bench.precision_flags()
+            assert (flags["matmul_allow_tf32"], flags["cudnn_allow_tf32"]) == (enabled, enabled)
+        assert bench.precision_flags() == before
+    peak = bench.measure_gemm_peak(1, n=32, reps=1, tf32=True)
+    assert (peak["precision_flags"]["matmul_allow_tf32"], peak["precision_flags"]["cudnn_allow_tf32"]) == (True, True)
+    assert bench.precision_flags() == before
+
+    # the portable loop: the wrapper applies ACCEL_BENCH_TF32 before train.py runs and records the flags it ended with
+    train = tmp_path / "fake_train.py"
+    train.write_text(
+        "import json, sys, torch\n"
+        "flags = [torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32]\n"
+        "open(sys.argv[1], 'w').write(json.dumps(flags))\n"
+    )
+    wrapper = bench.write_wrapper(tmp_path, train=train)
+    for value in ("1", "0"):
+        mem = tmp_path / f"mem{value}"
+        mem.mkdir()
+        seen = tmp_path / f"seen{value}.json"
+        env = child_env({"ACCEL_BENCH_MEM_DIR": str(mem), "ACCEL_BENCH_TF32": value})
+        check(
+            subprocess.run([sys.executable, str(wrapper), str(seen)], cwd=REPO, env=env, capture_output=True, text=True)
+        )
+        assert json.loads(seen.read_text()) == [value == "1"] * 2
+        rank0 = json.loads((mem / "rank0.json").read_text())
+        flags = rank0["precision_flags"]
+        assert (flags["matmul_allow_tf32"], flags["cudnn_allow_tf32"]) == (value == "1", value == "1")
+        assert bench.setup_mismatch(CUDA_FP32, {"mixed_precision": "no", "world_size": 1}, [rank0], value == "1") == ""
+        assert "TF32" in bench.setup_mismatch(
+            CUDA_FP32, {"mixed_precision": "no", "world_size": 1}, [rank0], value == "0"
+        )
+
+
+def test_peak_memory_per_run_and_the_gpu_report(tmp_path):
+    assert bench.portable_summary_fields({})["peak_memory_mb"] is None  # a trainer without the key
+    assert bench.portable_summary_fields({"peak_memory_mb": 812.5})["peak_memory_mb"] == 812.5
+
+    opts = bench.BenchOptions(out=tmp_path, quick=True)
+    breakdown = {"data_wait": 0.1, "forward_backward": 8.0, "optimizer": 1.0, "sync": 0.0, "total": 9.1}
+    flags = {"matmul_allow_tf32": True, "cudnn_allow_tf32": True, "float32_matmul_precision": "high"}
+
+    def run(sps, mem, **extra):
+        return {
+            "samples_per_s": sps,
+            "data_wait_fraction": 0.01,
+            "step_breakdown_ms": breakdown,
+            "peak_memory_mb": mem,
+            "precision_flags": flags,
+            "log_every": 10,
+            **extra,
+        }
+
+    portable_extra = {
+        "peak_rss_mb": 900.0,
+        "peak_rss_mb_per_rank": [900.0],
+        "threads_per_process": 2,
+        "loadavg_1min": [0.1, 0.2],
+        "command": "python scripts/train.py",
+    }
+    raw = {
+        ("cuda_fp32", "resnet18"): {
+            "plain": [run(5000.0, 1500.0)],
+            "portable": [run(4900.0, 1700.0, cuda_visible_devices="0", **portable_extra)],
+        },
+        ("cpu_fp32", "resnet18"): {"plain": [run(60.0, None)], "portable": [run(62.0, None, **portable_extra)]},
+    }
+    machine = {"peak_gflops_fp32": 200.0, "peak_gflops_fp32_cuda": 400000.0}
+    results = bench.aggregate(raw, [CPU_FP32, CUDA_FP32], machine, opts)
+    gpu, cpu = (next(r for r in results if r["setup"] == name) for name in ("cuda_fp32", "cpu_fp32"))
+    assert (gpu["workload"], gpu["global_batch"], gpu["input_shape"]) == ("cifar", 256, [3, 32, 32])
+    assert (gpu["peak_memory_mb"], gpu["plain_peak_memory_mb"], gpu["cuda_visible_devices"]) == (1700.0, 1500.0, "0")
+    assert gpu["precision_flags"] == {"portable": flags, "plain": flags}
+    assert "speedup_vs_cpu_fp32" not in gpu  # CIFAR on a GPU vs MNIST on a CPU: no ratio
+    assert (cpu["peak_memory_mb"], cpu["plain_peak_memory_mb"], cpu["workload"]) == (None, None, "mnist")
+    goals = bench.evaluate_goals(results, None, {})
+    assert any("1 GPU, cifar" in g["goal"] for g in goals)
+
+    report = _fabricated_report()
+    report["results"] = [
+        _row("resnet18", "cuda_fp32", 4900.0, 5000.0, peak_memory_mb=1700.0, plain_peak_memory_mb=1500.0)
+    ]
+    report["machine"].update(
+        cuda="Test GPU",
+        cuda_tf32=True,
+        cuda_precision_flags=flags,
+        cuda_device_count=4,
+        cuda_pinned_device="0",
+        peak_gflops_fp32_cuda=400000.0,
+        peak_gflops_bf16_cuda=800000.0,
+    )
+    md = bench.render_markdown(report)
+    for text in ("`CUDA_VISIBLE_DEVICES=0`", "TF32 **on**", "torch.backends.cudnn.allow_tf32=True", "1700/1500 |"):
+        assert text in md, text

@@ -105,7 +105,9 @@ def test_malicious_custom_checkpoint_is_refused_end_to_end(run_copy, tmp_path):
     marker = tmp_path / "MARKER"
     torch.save({"x": Evil(marker)}, ckpt(run_copy, 30) / "custom_checkpoint_0.pkl")
     before = tree(run_copy)
-    line = one_error_line(run_script("train.py", *BASE, "--resume", "auto", "--output-dir", str(run_copy)))
+    # --extend: the run is finished, and a plain resume of a finished run loads nothing at all
+    args = [*BASE, "--resume", "auto", "--extend", "--max-steps", "40", "--output-dir", str(run_copy)]
+    line = one_error_line(run_script("train.py", *args))
     assert "custom_checkpoint_0.pkl" in line and CODE_REFUSED in line, line
     assert not marker.exists()
     assert tree(run_copy) == before  # refused before anything was written
@@ -115,7 +117,8 @@ def test_malicious_rng_state_is_refused_even_with_resume_inexact(run_copy, tmp_p
     """--resume-inexact accepts a missing or broken RNG file, never one that carries code."""
     marker = tmp_path / "MARKER"
     torch.save({"x": Evil(marker)}, ckpt(run_copy, 30) / "random_states_0.pkl")
-    args = [*BASE, "--resume", str(ckpt(run_copy, 30)), "--resume-inexact", "--output-dir", str(run_copy)]
+    resume = ["--resume", str(ckpt(run_copy, 30)), "--extend", "--max-steps", "40", "--resume-inexact"]
+    args = [*BASE, *resume, "--output-dir", str(run_copy)]
     line = one_error_line(run_script("train.py", *args))
     assert "random_states_0.pkl" in line and CODE_REFUSED in line, line
     assert not marker.exists()
@@ -262,8 +265,9 @@ def test_corrupt_rng_state_is_corrupt_not_code(ckpt_copy, damage):
 def test_resume_from_older_checkpoint_needs_branch_and_keeps_one_timeline(run_copy, base):
     """The issue: resume step 10 of a run that has 20 and 30, save step 25 with --keep-last 2."""
     older = ckpt(run_copy, 10)
-    # checkpoint flags change nothing in the training, so the finished run is still the uninterrupted reference
-    args = [*COMMON, "--keep-last", "2", "--output-dir", str(run_copy)]
+    # checkpoint flags change nothing in the training, so the finished run is still the uninterrupted reference;
+    # a resume keeps the run's cadence (every 10) unless told otherwise: here only the stop saves
+    args = [*COMMON, "--keep-last", "2", "--checkpoint-every", "0", "--output-dir", str(run_copy)]
     before = tree(run_copy)
     line = one_error_line(run_script("train.py", *args, "--resume", str(older), "--stop-at-step", "25"))
     assert "step 20" in line and "step 30" in line and "--branch" in line, line

@@ -151,11 +151,19 @@ def test_json_config_file(tmp_path):
 # traps
 
 
-def test_multi_cpu_without_mpirun_starts_one_process(tmp_path):
+def test_multi_cpu_without_mpirun_is_started_by_train_py_on_one_machine(tmp_path):
     diag = diagnose(tmp_path, "distributed_type: MULTI_CPU\nnum_processes: 2\n")
+    f = finding(diag, "multi-cpu-relaunched")
+    assert f.level == "info" and "starts the 2 ranks itself" in f.message and diag.ok
+    assert diag.plan["launcher"] == "simple"
+
+
+def test_multi_cpu_without_mpirun_on_several_machines_starts_one_process(tmp_path):
+    text = "distributed_type: MULTI_CPU\nnum_processes: 4\nnum_machines: 2\nmain_process_ip: 10.0.0.1\n"
+    text += "main_process_port: 29500\n"
+    diag = diagnose(tmp_path, text)
     f = finding(diag, "multi-cpu-one-process")
     assert f.level == "error" and "multi_cpu.yaml" in f.message
-    assert diag.plan["world_size"] == 1 and diag.plan["launcher"] == "simple"
 
 
 def test_multi_cpu_with_mpirun(tmp_path):
@@ -319,10 +327,10 @@ def test_use_cpu_is_ignored_by_torchrun(tmp_path):
     assert diag.plan["device"] == "cuda" and diag.plan["world_size"] == 4
 
 
-def test_cpu_flag_forces_one_process(tmp_path):
+def test_cpu_flag_on_one_machine_is_started_by_train_py(tmp_path):
     diag = diagnose(tmp_path, MULTI_CPU_STYLE, cpu=True)
-    assert finding(diag, "cpu-flag-one-process").level == "error"
-    assert diag.plan["world_size"] == 1
+    assert finding(diag, "multi-cpu-relaunched").level == "info"
+    assert diag.plan["world_size"] == 1  # what accelerate itself starts
 
 
 def test_distributed_type_missing(tmp_path):
@@ -445,7 +453,8 @@ def test_devices_report_identity_and_hidden():
 def test_format_report_text_and_json(tmp_path):
     env = make_env(0, versions={"torch": "2.14.1"}, default_config_path="/x/default_config.yaml")
     good = diagnose(tmp_path, MULTI_CPU_STYLE, env)
-    bad = diagnose_config(write(tmp_path, "distributed_type: MULTI_CPU\nnum_processes: 2\n", "bad.yaml"), env)
+    bad_text = "distributed_type: MULTI_CPU\nnum_processes: 4\nnum_machines: 2\nmain_process_ip: 10.0.0.1\n"
+    bad = diagnose_config(write(tmp_path, bad_text + "main_process_port: 29500\n", "bad.yaml"), env)
     text = format_report(env, [good, bad])
     assert "try_all_gpus() -> [cpu]" in text and "torch 2.14.1" in text and "/x/default_config.yaml" in text
     assert "2 processes, gloo DDP on CPU" in text and "[multi-cpu-one-process]" in text

@@ -205,7 +205,7 @@ def test_sigint_single_process_stops_cleanly(tmp_path):
     _wait_for_step(out, 5, proc)
     proc.send_signal(signal.SIGINT)
     log, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0, log[-3000:]
+    assert proc.returncode == 130, log[-3000:]  # stopped, not finished: `train.py && eval.py` does not go on
     assert "received SIGINT" in log
     check(run_script("train.py", *LENET, "--max-steps", "60", "--resume", "auto", "--output-dir", str(out)))
     assert summary(out)["global_step"] == 60

@@ -89,7 +89,7 @@ def test_overwrite_removes_exactly_what_a_run_wrote(tmp_path, finished_run):
     assert summary(run)["global_step"] == 3
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000003"]
     new_tb = {p.name for p in (run / "tb").rglob("events.out.tfevents.*")}
-    assert new_tb and not (new_tb & old_tb), "TensorBoard shows one run, not two mixed"
+    assert len(new_tb) == 1 and not (new_tb & old_tb), "TensorBoard shows exactly one run, not two mixed"
     assert all(m["step"] <= 3 for m in metrics(run))
 
 
@@ -107,7 +107,7 @@ def test_second_writer_is_refused_and_a_stale_lock_is_not(tmp_path, finished_run
         holder.release()
     # a lock left by a process that died (no flock held, its PID gone) does not block
     (run / LOCK).write_text(json.dumps({"pid": 2**22 + 17, "host": socket.gethostname(), "started": "then"}))
-    check(run_script("train.py", "--output-dir", str(run), "--resume", "auto", "--max-steps", "14", *FAST))
+    check(run_script("train.py", "--output-dir", str(run), "--resume", "auto", "--extend", "--max-steps", "14", *FAST))
     assert summary(run)["global_step"] == 14
 
 

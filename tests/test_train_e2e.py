@@ -96,12 +96,14 @@ def test_runnable_configs_train_a_few_steps(tmp_path, config):
     assert s["mixed_precision"] == ("bf16" if "bf16" in config else "no")
 
 
-def test_multi_cpu_type_without_mpirun_is_refused(tmp_path):
-    """accelerate's MULTI_CPU starts ONE process without mpirun: say so instead of training alone."""
+def test_multi_machine_multi_cpu_type_without_mpirun_is_refused(tmp_path):
+    """accelerate's MULTI_CPU starts ONE process without mpirun. On one machine accel_train starts the ranks
+    itself (test_multi_cpu_wizard.py); for several machines it cannot: say so instead of training alone."""
     cfg = tmp_path / "mpi_less.yaml"
     cfg.write_text(
-        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nnum_machines: 1\n"
-        "num_processes: 2\nmachine_rank: 0\nmixed_precision: 'no'\nuse_cpu: true\n"
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nnum_machines: 2\n"
+        "num_processes: 4\nmachine_rank: 0\nmain_process_ip: 127.0.0.1\nmain_process_port: 29500\n"
+        "mixed_precision: 'no'\nuse_cpu: true\n"
     )
     out = tmp_path / "run"
     proc = run_script("train.py", "--max-steps", "2", "--output-dir", str(out), *FAST, config=str(cfg))

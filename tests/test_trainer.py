@@ -11,19 +11,13 @@ import signal
 from pathlib import Path
 
 import pytest
+from conftest import SMALL_RUN, fit_small
 
 from accel_train.config import parse_config
-from accel_train.loop import fit
-
-SMALL = [
-    "--dataset", "synthetic", "--synthetic-size", "256", "--synthetic-test-size", "64",
-    "--synthetic-image-size", "16", "--model", "lenet", "--batch-size", "16",
-    "--report-to", "none", "--no-plots", "--no-progress", "--log-every", "2",
-]  # fmt: skip
 
 
 def _fit(out: Path, *args: str) -> dict:
-    return fit(parse_config([*SMALL, "--output-dir", str(out), *args]))
+    return fit_small(out, "--log-every", "2", *args)
 
 
 def _events(out: Path, kind: str) -> list[dict]:
@@ -62,7 +56,7 @@ def test_stop_at_step_then_resume_logs_what_an_uninterrupted_run_logs(tmp_path):
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     _fit(straight, "--max-steps", "12")
     summary = _fit(stopped, "--max-steps", "12", "--stop-at-step", "5")
-    assert summary == {"stopped": "--stop-at-step 5", "global_step": 5}
+    assert summary == {"stopped": "--stop-at-step 5", "global_step": 5, "exit_code": 0}
     assert _checkpoint_steps(stopped) == [5]
     _fit(stopped, "--max-steps", "12", "--resume", "auto")
     assert _events(stopped, "resume")[0]["step"] == 5
@@ -77,11 +71,11 @@ def test_a_signal_stops_at_the_next_step_boundary(tmp_path):
     from accel_train.run_dir import RunDir
     from accel_train.runtime import build_runtime
 
-    cfg = parse_config([*SMALL, "--output-dir", str(tmp_path / "run"), "--max-steps", "6"])
+    cfg = parse_config([*SMALL_RUN, "--log-every", "2", "--output-dir", str(tmp_path / "run"), "--max-steps", "6"])
     trainer = build_trainer(cfg, build_runtime(cfg), RunDir(cfg.output_dir))
     assert trainer.stop_requested() is None
     trainer.stop_signal = signal.SIGTERM  # what the handler records
     assert trainer.stop_requested() == "received SIGTERM"
     summary = trainer.fit(0.0)
-    assert summary == {"stopped": "received SIGTERM", "global_step": 1}
+    assert summary == {"stopped": "received SIGTERM", "global_step": 1, "exit_code": 143}
     assert _checkpoint_steps(tmp_path / "run") == [1]

@@ -6,10 +6,14 @@
   CPU only / no dynamo / no DeepSpeed / mixed precision no": built with ``ClusterConfig(...)`` exactly
   as ``commands/config/cluster.py:get_cluster_input`` builds it for those answers, written with its
   ``to_yaml_file``; and the real wizard, driven through a pseudo-terminal, writes the same file.
+
+The wizard's multi-CPU answer (``distributed_type: MULTI_CPU``, 2 processes) is checked here against the
+real wizard too; how it trains is in ``test_multi_cpu_wizard.py``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import select
 import subprocess
@@ -24,13 +28,13 @@ from conftest import FAST, REPO, _env, check, run_script, summary
 KINDS = ("default", "basic", "wizard")
 
 
-def wizard_cpu_only_config():
+def wizard_cpu_only_config(**changes):
     """What ``get_cluster_input()`` returns for: No distributed training, CPU only: yes, dynamo: no,
-    DeepSpeed: no, mixed precision: no (accelerate 1.15, commands/config/cluster.py)."""
+    DeepSpeed: no, mixed precision: no (accelerate 1.15, commands/config/cluster.py); ``changes`` replace fields."""
     from accelerate.commands.config.config_args import ClusterConfig
     from accelerate.utils import ComputeEnvironment, DistributedType
 
-    return ClusterConfig(
+    config = ClusterConfig(
         compute_environment=ComputeEnvironment.LOCAL_MACHINE,
         distributed_type=DistributedType.NO,
         num_processes=1,
@@ -63,6 +67,16 @@ def wizard_cpu_only_config():
         debug=False,
         enable_cpu_affinity=False,
     )
+    return dataclasses.replace(config, **changes)
+
+
+def wizard_multi_cpu_config(num_processes: int = 2):
+    """``get_cluster_input()`` for: This machine, multi-CPU, 1 machine, debug checks: no, mpirun: no,
+    dynamo: no, ``num_processes`` processes, mixed precision: no. The wizard sets ``use_cpu`` itself for
+    multi-CPU and asks nothing else, so only the type and the process count differ from the CPU-only file."""
+    from accelerate.utils import DistributedType
+
+    return wizard_cpu_only_config(distributed_type=DistributedType.MULTI_CPU, num_processes=num_processes)
 
 
 def _cuda() -> bool:
@@ -208,27 +222,18 @@ class _Pty:
         return self.proc.returncode
 
 
-def test_interactive_wizard_writes_the_same_config(tmp_path, generated):
-    """Drive ``accelerate config`` through a pty with the answers above; its file equals ClusterConfig's."""
+def answer_wizard(tmp_path: Path, out: Path, script: list[tuple[bytes, bytes, bool]]) -> bytes:
+    """Drive ``accelerate config --config_file out`` through a pty: ``script`` is (prompt, answer, menu?) in
+    the order ``get_user_input()``/``get_cluster_input()`` ask them. Returns what the terminal showed."""
     try:
         import pty  # noqa: F401
 
         os.close(os.openpty()[0])
     except (ImportError, OSError) as exc:
         pytest.skip(f"no pseudo-terminal here: {exc}")
-    out = tmp_path / "wizard_interactive.yaml"
     env = _env({"HF_HOME": str(tmp_path / "hf_home"), "TERM": "xterm"})
     cmd = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "config", "--config_file", str(out)]
     term = _Pty(cmd, env)
-    # (prompt, answer, menu?) in the order get_user_input()/get_cluster_input() ask them
-    script = [
-        (b"In which compute environment", b"\r", True),  # 0: This machine
-        (b"Which type of machine", b"\r", True),  # 0: No distributed training
-        (b"run your training on CPU only", b"yes\r", False),
-        (b"torch dynamo", b"no\r", False),
-        (b"use DeepSpeed", b"no\r", False),
-        (b"mixed precision?", b"\r", True),  # 0: no
-    ]
     try:
         for i, (prompt, answer, menu) in enumerate(script):
             assert term.expect(prompt, 90 if i == 0 else 30), f"no prompt {prompt!r}; got:\n{term.seen[-2000:]!r}"
@@ -251,5 +256,41 @@ def test_interactive_wizard_writes_the_same_config(tmp_path, generated):
     finally:
         code = term.close()
     assert code == 0, term.seen[-2000:]
+    return term.seen
+
+
+def test_interactive_wizard_writes_the_same_config(tmp_path, generated):
+    """Drive ``accelerate config`` through a pty with the answers above; its file equals ClusterConfig's."""
+    out = tmp_path / "wizard_interactive.yaml"
+    script = [
+        (b"In which compute environment", b"\r", True),  # 0: This machine
+        (b"Which type of machine", b"\r", True),  # 0: No distributed training
+        (b"run your training on CPU only", b"yes\r", False),
+        (b"torch dynamo", b"no\r", False),
+        (b"use DeepSpeed", b"no\r", False),
+        (b"mixed precision?", b"\r", True),  # 0: no
+    ]
+    answer_wizard(tmp_path, out, script)
     assert yaml.safe_load(out.read_text()) == yaml.safe_load(generated["wizard"].read_text())
     assert out.read_text() == generated["wizard"].read_text()  # same writer, same bytes
+
+
+def test_interactive_wizard_multi_cpu_answer(tmp_path):
+    """The wizard's obvious multi-CPU answers write what ``wizard_multi_cpu_config()`` writes."""
+    out = tmp_path / "wizard_multi_cpu.yaml"
+    script = [
+        (b"In which compute environment", b"\r", True),  # 0: This machine
+        (b"Which type of machine", b"1\r", True),  # 1: multi-CPU (the number key moves, enter selects)
+        (b"How many different machines", b"\r", False),  # [1]
+        (b"checked while running for errors", b"\r", False),  # [NO]
+        (b"launch mpirun", b"\r", False),  # [NO]
+        (b"torch dynamo", b"no\r", False),
+        (b"How many processes should be used", b"2\r", False),
+        (b"mixed precision?", b"\r", True),  # 0: no
+    ]
+    answer_wizard(tmp_path, out, script)
+    expected = tmp_path / "expected.yaml"
+    wizard_multi_cpu_config(2).to_yaml_file(str(expected))
+    data = yaml.safe_load(out.read_text())
+    assert data["distributed_type"] == "MULTI_CPU" and data["num_processes"] == 2 and data["use_cpu"] is True
+    assert out.read_text() == expected.read_text()  # same writer, same bytes

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from accel_train.checkpoint.keys import _mixed_prefixes, _strip_uniform
 from accel_train.errors import CheckpointError
+from accel_train.limits import check_regular_file
 
 # Entries of a wrapper dict that may hold the model's state dict, most preferred first.
 _STATE_DICT_KEYS = (
@@ -141,6 +142,7 @@ def _find_state_dict(obj: Any) -> tuple[dict[str, Tensor], list[str], list[str]]
 
 
 def _sniff_format(path: Path) -> str:
+    check_regular_file(path, "weights", CheckpointError)  # a FIFO would block the read below forever
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
@@ -237,6 +239,7 @@ def _load_sharded(index: Path) -> tuple[dict[str, Tensor], str, list[Path]]:
 
 
 def _read_json(path: Path) -> Any:
+    check_regular_file(path, "JSON", CheckpointError)
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:

@@ -27,6 +27,7 @@ import json
 import os
 import pickle  # only for pickle.UnpicklingError
 import shutil
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from accel_train.checkpoint.keys import strip_key
 from accel_train.checkpoint.verify import PROGRESS_FILE, RNG_FILE, safe_torch_load, verify_checkpoint
 from accel_train.errors import CheckpointError, UserError
 from accel_train.fsio import WRITE_GUARD, tree_size, write_json_atomic, writing
+from accel_train.limits import check_regular_file
 
 CHECKPOINT_DIR = "checkpoints"
 TMP_PREFIX = ".tmp-"
@@ -51,6 +53,7 @@ class TrainState:
     best_metric: float | None = None
     best_step: int | None = None
     nonfinite_skipped: int = 0
+    fp16_skipped_steps: int = 0  # optimizer steps the fp16 loss scaler skipped (inf/NaN gradients)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -102,11 +105,33 @@ def list_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
         if path.name.startswith(TMP_PREFIX) or not path.is_dir():
             continue
         try:
-            progress = json.loads((path / PROGRESS_FILE).read_text())
-            found.append((int(progress["state"]["global_step"]), path))
-        except (OSError, ValueError, KeyError, TypeError):
+            found.append((read_progress(path)["state"]["global_step"], path))
+        except CheckpointError:
             continue  # incomplete or foreign folder
     return sorted(found)
+
+
+def _refuse_unusable_newest(output_dir: str | Path) -> None:
+    """``--resume auto`` must not start over silently: a checkpoint folder at least as new (by its name) as the
+    latest usable one, whose progress.json is missing or invalid, is refused with the reason."""
+    root = Path(output_dir) / CHECKPOINT_DIR
+    if not root.is_dir():
+        return
+    usable = {p.name for _, p in list_checkpoints(output_dir)}
+    newest = max(usable, default="")
+    for path in sorted(root.iterdir(), reverse=True):
+        named_step = path.name.startswith("step_")
+        if path.name in usable or path.name < newest or path.name.startswith(TMP_PREFIX) or not path.is_dir():
+            continue
+        if not named_step and not (path / PROGRESS_FILE).exists():
+            continue  # a foreign folder
+        try:
+            read_progress(path)
+        except CheckpointError as exc:
+            raise CheckpointError(
+                f"--resume auto: the newest checkpoint cannot be used, so the run is not started over: {exc}; "
+                "or pass --resume with an older checkpoint"
+            ) from None
 
 
 def latest_checkpoint(output_dir: str | Path) -> Path | None:
@@ -119,6 +144,7 @@ def resolve_resume(resume: str, output_dir: str | Path) -> Path | None:
     if resume == "none":
         return None
     if resume == "auto":
+        _refuse_unusable_newest(output_dir)
         return latest_checkpoint(output_dir)
     path = Path(resume)
     if path.is_dir() and (path / PROGRESS_FILE).exists():
@@ -132,9 +158,14 @@ def resolve_resume(resume: str, output_dir: str | Path) -> Path | None:
 
 
 def read_progress(path: str | Path) -> dict[str, Any]:
+    """``path/progress.json``, checked (``checkpoint.validate.check_progress``): one line if it is unusable."""
+    from accel_train.checkpoint.validate import check_progress
+
+    file = Path(path) / PROGRESS_FILE
+    check_regular_file(file, "progress.json", CheckpointError)
     try:
-        return json.loads((Path(path) / PROGRESS_FILE).read_text())
-    except (OSError, ValueError) as exc:
+        return check_progress(json.loads(file.read_text()), str(file))
+    except (OSError, ValueError, RecursionError) as exc:
         raise CheckpointError(
             f"cannot read {Path(path) / PROGRESS_FILE}: {exc}; the checkpoint is incomplete, resume from "
             "another checkpoint or start a new --output-dir"
@@ -221,6 +252,46 @@ def _restore_scheduler(scheduler, path: Path, progress: dict[str, Any]) -> None:
         ) from None
 
 
+SCALER_FILE = "scaler.pt"
+SHARDED_WEIGHTS = "pytorch_model_fsdp_*"  # torch.distributed.checkpoint folders of FSDP's SHARDED_STATE_DICT
+
+
+@contextmanager
+def _without_scaler(accelerator, active: bool):
+    """fp16 resuming a checkpoint that has no ``scaler.pt``: accelerate would fail to open it, so load without."""
+    scaler = accelerator.scaler
+    if not active:
+        yield
+        return
+    if hasattr(scaler, "_lazy_init_scale_growth_tracker") and getattr(scaler, "_scale", 1) is None:
+        scaler._lazy_init_scale_growth_tracker(scaler._device)  # FSDP2's optimizer load steps the scaler
+    accelerator.scaler = None
+    try:
+        yield
+    finally:
+        accelerator.scaler = scaler
+
+
+def _check_setup_can_read(accelerator, path: Path, progress: dict[str, Any]) -> None:
+    """FSDP's sharded checkpoints resume only under FSDP, and FSDP resumes only those."""
+    from accelerate.utils import DistributedType
+
+    sharded = any(p.is_dir() for p in path.glob(SHARDED_WEIGHTS))
+    fsdp = accelerator.distributed_type == DistributedType.FSDP
+    written_by = progress.get("resolved", {}).get("distributed_type", "another setup")
+    if sharded and not fsdp:
+        raise CheckpointError(
+            f"cannot resume from {path} on this setup ({accelerator.distributed_type.value}): it holds FSDP-sharded "
+            "weights (SHARDED_STATE_DICT) that only an FSDP run reads; resume with an FSDP config "
+            "(accelerate_configs/fsdp.yaml), or start from the run's full export in model/ or best/"
+        )
+    if fsdp and not sharded and (path / "model.safetensors").is_file():
+        raise CheckpointError(
+            f"cannot resume from {path} under FSDP: it was written by a {written_by} run (full weights, not FSDP "
+            "shards); resume it with that setup's accelerate config, or train under FSDP in a new --output-dir"
+        )
+
+
 def load_checkpoint(
     accelerator, path: str | Path, scheduler=None, inexact_ok: bool = False, seed: int = 0
 ) -> tuple[TrainState, dict[str, Any], list[str]]:
@@ -236,9 +307,12 @@ def load_checkpoint(
     unusable = verify_checkpoint(path, written, inexact_ok)
     from safetensors import SafetensorError
 
+    _check_setup_can_read(accelerator, path, progress)
+    fresh_scaler = accelerator.scaler is not None and not (path / SCALER_FILE).is_file()
     try:
         try:
-            accelerator.load_state(str(path))
+            with _without_scaler(accelerator, fresh_scaler):
+                accelerator.load_state(str(path))
         except RuntimeError as exc:
             # Checkpoints of earlier versions hold the LR schedule as custom_checkpoint_0.pkl. accelerate checks
             # the count of such files against registered objects last, after everything else is loaded; nothing
@@ -266,9 +340,14 @@ def load_checkpoint(
             f"the checkpoint was written by {written} process(es): ranks {written}..{accelerator.num_processes - 1} "
             "start from fresh seeds (weights, optimizer and data order are exact; dropout draws differ)"
         )
+    if fresh_scaler:
+        notes.append(
+            "the checkpoint holds no fp16 loss scale (a bf16, fp32 or CPU run wrote it); the scaler starts "
+            "from its initial scale, so the first steps may be skipped while it calibrates"
+        )
     rank = accelerator.process_index
     if rank in unusable or rank >= written:
         from accelerate.utils import set_seed
 
-        set_seed(seed + 1_000_003 * state.global_step + rank)  # deterministic, and distinct per rank and step
+        set_seed((seed + 1_000_003 * state.global_step + rank) % 2**32)  # deterministic, distinct per rank and step
     return state, progress, notes

@@ -29,6 +29,7 @@ from accel_train.checkpoint.read import (
     inspect_checkpoint,
     read_state_dict,
 )
+from accel_train.checkpoint.validate import check_model_config
 from accel_train.errors import CheckpointError, UserError
 from accel_train.fsio import atomic_write
 
@@ -220,7 +221,9 @@ def load_model(source: str | os.PathLike, model_name: str | None = None, **overr
                 break
     if model_name is not None:
         config["model"] = model_name
-    config.update({k: v for k, v in overrides.items() if v is not None})
+    given = {k: v for k, v in overrides.items() if v is not None}
+    check_model_config(given, "the arguments")
+    config.update(given)
     if not config.get("model"):
         raise CheckpointError(
             f"no model config found with {meta['path']} (no config.json or progress.json): "
@@ -228,11 +231,13 @@ def load_model(source: str | os.PathLike, model_name: str | None = None, **overr
         )
     for key, value in _infer_sizes(sd).items():
         config.setdefault(key, value)
+    check_model_config(config, meta["config_path"] or "the model config")  # types, ranges, lengths: one line
     kwargs = {k: int(config[k]) for k in ("num_classes", "in_channels", "image_size") if config.get(k) is not None}
     try:
         model = create_model(str(config["model"]), **kwargs)
-    except (ValueError, TypeError) as e:
-        raise UserError(f"cannot build model {config['model']!r} with {kwargs}: {_short(e)}") from None
+    except (ValueError, TypeError, UserError) as e:  # UserError: sizes beyond the models' limits
+        source = f" (the sizes of {meta['config_path']})" if meta["config_path"] else ""
+        raise UserError(f"cannot build model {config['model']!r} with {kwargs}{source}: {_short(e, 300)}") from None
     for key, value in kwargs.items():
         config[key] = value
     _load_into(sd, meta, model, strict=True)  # a mismatch names the weights file and its config

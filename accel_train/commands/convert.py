@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("source", help="weights file or directory (export, checkpoint, accelerate save_state)")
     parser.add_argument("--out", help="write DIR/model.safetensors (+ DIR/config.json when the model is known)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an export already in --out")
     parser.add_argument("--model", help="model name; the weights are verified to load strictly into it")
     parser.add_argument("--num-classes", type=int)
     parser.add_argument("--in-channels", type=int)
@@ -54,6 +55,22 @@ def _format_inspection(info: dict) -> str:
     return "\n".join(lines)
 
 
+EXPORT_FILES = ("model.safetensors", "config.json")
+
+
+def _refuse_existing_export(out: str) -> None:
+    """An export already in ``out`` is replaced only with ``--overwrite``."""
+    from pathlib import Path
+
+    from accel_train.errors import UserError
+
+    found = [Path(out).expanduser() / name for name in EXPORT_FILES if (Path(out).expanduser() / name).exists()]
+    if found:
+        raise UserError(
+            f"--out {out} already holds an export ({found[0]}); pass --overwrite to replace it, or choose another --out"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     import json
 
@@ -65,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=2) if args.json else _format_inspection(info))
         return 0
 
+    if not args.overwrite:
+        _refuse_existing_export(args.out)
     sd, meta = read_state_dict(args.source)
     if args.model is not None or meta["model_config"] is not None:
         # the model is known: rebuild it, verify a strict load, export exactly its keys

@@ -3,6 +3,9 @@
     python scripts/eval.py --weights runs/default/model
     accelerate launch --config_file accelerate_configs/multi_cpu.yaml scripts/eval.py \\
         --weights runs/default/checkpoints/step_00000352 --out eval.json --confusion-png confusion.png
+
+Only the dataset's test split is read: ``t10k-*`` alone is enough for mnist/fashion_mnist, ``test_batch``
+for cifar10. Evaluation never downloads; ``train.py --download`` fetches the files.
 """
 
 from accel_train.cli import ArgumentParser, run_main  # light: no torch
@@ -16,6 +19,8 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=128, help="evaluation batch per process (default: 128)")
     parser.add_argument("--out", help="write the JSON report here (default: print it)")
     parser.add_argument("--confusion-png", help="also write a confusion-matrix PNG")
+    parser.add_argument("--image-column", help="image column of an hf: dataset (default: detected)")
+    parser.add_argument("--label-column", help="label column of an hf: dataset (default: detected)")
     parser.add_argument("--mixed-precision", choices=("no", "fp16", "bf16"), help="override the accelerate config")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     args = parser.parse_args(argv)
@@ -25,7 +30,15 @@ def main(argv=None):
     from accel_train.evaluation import run_evaluation
 
     report = run_evaluation(
-        args.weights, args.dataset, args.data_dir, args.batch_size, args.out, args.confusion_png, args.mixed_precision
+        args.weights,
+        args.dataset,
+        args.data_dir,
+        args.batch_size,
+        args.out,
+        args.confusion_png,
+        args.mixed_precision,
+        image_column=args.image_column,
+        label_column=args.label_column,
     )
     if report is None:  # not the main process
         return 0

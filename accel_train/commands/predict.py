@@ -38,10 +38,9 @@ def _per_channel(value, channels: int, name: str) -> list[float]:
 
 
 def _load_images(paths: list[str], config: dict):
-    import numpy as np
     import torch
-    from PIL import Image, UnidentifiedImageError
 
+    from accel_train.data.images import read_image  # regular files only, a pixel limit, one-line errors
     from accel_train.errors import UserError
 
     channels = int(config.get("in_channels", 1))
@@ -54,12 +53,7 @@ def _load_images(paths: list[str], config: dict):
         raise UserError("config std contains 0; fix config.json")
     batch = []
     for path in paths:
-        try:
-            with Image.open(path) as image:
-                image = image.convert("L" if channels == 1 else "RGB").resize((size, size), Image.Resampling.BILINEAR)
-                array = np.asarray(image, dtype=np.float32) / 255.0
-        except (OSError, UnidentifiedImageError) as e:
-            raise UserError(f"cannot read image {path}: {' '.join(str(e).split())}") from None
+        array = read_image(path, "L" if channels == 1 else "RGB", size) / 255.0
         tensor = torch.from_numpy(array.copy())
         tensor = tensor.unsqueeze(0) if tensor.dim() == 2 else tensor.permute(2, 0, 1)
         batch.append((tensor - mean) / std)

@@ -14,9 +14,8 @@ def main(argv=None):
     cfg = parse_config(argv)
     from accel_train.loop import fit  # heavy imports only after --help / argument errors
 
-    summary = fit(cfg)
-    del summary  # written to OUTPUT_DIR/summary.json
-    return 0
+    summary = fit(cfg)  # also written to OUTPUT_DIR/summary.json
+    return summary.get("exit_code", 0)  # 130/143: stopped by SIGINT/SIGTERM with a checkpoint saved
 
 
 def cli_main() -> None:

@@ -7,7 +7,9 @@ only for the dataset in use. ``register_dataset`` adds your own.
 
 from __future__ import annotations
 
+import contextvars
 import importlib
+import inspect
 from collections.abc import Callable
 
 from accel_train.data.base import DataConfig, DatasetInfo, DataSplits, TensorImageDataset, collate_batch
@@ -26,13 +28,19 @@ _PREFIX_BUILDERS: dict[str, str] = {
     "hf": "accel_train.data.hf:build_hf",
 }
 
+#: How dataset errors say to fetch missing or damaged files: the training script's ``--download``. A
+#: program without that flag passes its own words to ``build_dataset(download_hint=...)``.
+DOWNLOAD_HINT: contextvars.ContextVar[str] = contextvars.ContextVar("download_hint", default="--download")
+
 __all__ = [
+    "DOWNLOAD_HINT",
     "DataConfig",
     "DataSplits",
     "DatasetInfo",
     "TensorImageDataset",
     "available_datasets",
     "build_dataset",
+    "check_dataset_name",
     "collate_batch",
     "register_dataset",
 ]
@@ -59,13 +67,46 @@ def _resolve(target):
     return getattr(importlib.import_module(module), fn)
 
 
-def build_dataset(cfg: DataConfig) -> DataSplits:
-    name = cfg.dataset
-    if name in _BUILDERS:
-        return _resolve(_BUILDERS[name])(cfg)
+def _takes_test_only(builder: Callable) -> bool:
+    try:
+        return "test_only" in inspect.signature(builder).parameters
+    except (TypeError, ValueError):  # a builtin or an object without a signature
+        return False
+
+
+def build_dataset(cfg: DataConfig, *, test_only: bool = False, download_hint: str | None = None) -> DataSplits:
+    """The dataset ``cfg.dataset`` names.
+
+    ``test_only``: only ``test`` and ``info`` are needed (an evaluation). Builders that take a
+    ``test_only`` keyword then skip the training split (``train`` comes back empty, and its files
+    need not exist); the others load both. ``download_hint``: the words this program's errors use
+    for fetching missing files (default: ``--download``, a flag of the training script only).
+    """
+    token = DOWNLOAD_HINT.set(download_hint) if download_hint else None
+    try:
+        return _build(cfg, test_only)
+    finally:
+        if token is not None:
+            DOWNLOAD_HINT.reset(token)
+
+
+def check_dataset_name(name: str) -> None:
+    """A registered name or ``<prefix>:<argument>``; anything else is a one-line UserError."""
     prefix, sep, arg = name.partition(":")
+    if name in _BUILDERS:
+        return
     if sep and prefix in _PREFIX_BUILDERS:
         if not arg:
             raise UserError(f"--dataset {name!r} needs a path or name after '{prefix}:', e.g. '{prefix}:./my_data'")
-        return _resolve(_PREFIX_BUILDERS[prefix])(cfg, arg)
+        return
     raise UserError(f"unknown dataset {name!r}; choose one of: {', '.join(available_datasets())}")
+
+
+def _build(cfg: DataConfig, test_only: bool) -> DataSplits:
+    name = cfg.dataset
+    check_dataset_name(name)
+    if name in _BUILDERS:
+        builder = _resolve(_BUILDERS[name])
+        return builder(cfg, test_only=True) if test_only and _takes_test_only(builder) else builder(cfg)
+    prefix, _, arg = name.partition(":")
+    return _resolve(_PREFIX_BUILDERS[prefix])(cfg, arg)

@@ -101,8 +101,13 @@ class TensorImageDataset(Dataset):
         self.epoch = epoch
 
     def _augment(self, image: torch.Tensor, index: int) -> torch.Tensor:
-        with torch.random.fork_rng(devices=[]):  # leaves the global RNG (dropout, init) untouched
-            torch.manual_seed(((self.augment_seed * 1_000_003 + self.epoch) * 10_000_019 + index) % (2**63))
+        # torchvision draws from the global CPU generator: seed it per sample inside fork_rng, which restores it
+        # after. Only the CPU generator: torch.manual_seed would also reseed every CUDA generator, which
+        # fork_rng(devices=[]) does not protect (dropout on the GPU would repeat per sample seed).
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(
+                ((self.augment_seed * 1_000_003 + self.epoch) * 10_000_019 + index) % (2**63)
+            )
             return self.transform(image)
 
     def __len__(self) -> int:

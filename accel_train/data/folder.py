@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ import torch
 from torch.utils.data import Dataset
 
 from accel_train.data.base import DataConfig, DatasetInfo, DataSplits, stratified_split
+from accel_train.data.images import channels_for, check_image_files, mixed_modes_note
 from accel_train.errors import UserError
 
 DEFAULT_IMAGE_SIZE = 64  # used when the images differ in size and cfg.image_size is unset
@@ -260,11 +263,33 @@ def _check_classes(directory: Path, extensions: frozenset[str]) -> None:
         )
 
 
+@contextmanager
+def quiet_datasets() -> Iterator[None]:
+    """No "Downloading data" / "Generating train split" bars nor info logs from ``datasets`` while it
+    indexes local files (nothing is downloaded); its settings are restored after."""
+    import datasets
+    from datasets.utils import logging as ds_logging
+
+    bars_were_off = datasets.are_progress_bars_disabled()
+    verbosity = ds_logging.get_verbosity()
+    with warnings.catch_warnings():  # HF_DATASETS_DISABLE_PROGRESS_BARS=0 keeps the bars, with a warning
+        warnings.simplefilter("ignore")
+        datasets.disable_progress_bars()
+    ds_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        ds_logging.set_verbosity(verbosity)
+        if not bars_were_off:
+            datasets.enable_progress_bars()
+
+
 def _load_imagefolder(data_files: dict[str, str], where: Path):
     import datasets
 
     try:
-        dd = datasets.load_dataset("imagefolder", data_files=data_files)
+        with quiet_datasets():
+            dd = datasets.load_dataset("imagefolder", data_files=data_files)
     except Exception as exc:  # the builder's errors for unreadable layouts vary between versions
         raise UserError(f"cannot index the images in {where} with datasets' imagefolder: {exc}") from exc
     features = dd["train"].features
@@ -284,6 +309,8 @@ def build_imagefolder(cfg: DataConfig, path: str) -> DataSplits:
     extensions = image_extensions()
     test_dir = next((root / n for n in TEST_DIR_NAMES if (root / n).is_dir()), None)
     split_layout = (root / "train").is_dir() and test_dir is not None
+    # every image opened once first: unreadable ones are named (with a count) before datasets indexes them
+    modes = check_image_files([root / "train", test_dir] if split_layout else [root], extensions, root)
     if split_layout:
         assert test_dir is not None
         _check_classes(root / "train", extensions)
@@ -307,7 +334,7 @@ def build_imagefolder(cfg: DataConfig, path: str) -> DataSplits:
 
     undecoded = train.cast_column("image", datasets.Image(decode=False))
     first = train[0]["image"]
-    channels = infer_channels(first)
+    channels = channels_for(modes) if modes else infer_channels(first)  # colour if any image has colour
     idx = sample_indices(len(undecoded), SIZE_SAMPLE)
     sizes = {image_size_of(undecoded[i]["image"]) for i in idx}
     size = choose_image_size(sizes, cfg.image_size)
@@ -317,4 +344,5 @@ def build_imagefolder(cfg: DataConfig, path: str) -> DataSplits:
     mean, std = sample_stats(train_ds)
     info = DatasetInfo(f"imagefolder:{path}", len(class_names), channels, size, class_names, mean, std)
     extra = {"source": str(root), "augment": augment, "split": "folders" if split_layout else "stratified"}
+    extra["notes"] = mixed_modes_note(root, modes, channels)  # printed once by the run (run_plan.warn_about_run)
     return DataSplits(train_ds, test_ds, info, in_memory=False, extra=extra)

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from accel_train.data import DOWNLOAD_HINT
 from accel_train.data.base import (
     DataConfig,
     DatasetInfo,
@@ -92,6 +93,15 @@ def random_crop_flip(size: int, padding: int, flip: bool) -> tuple[Callable[[tor
 
 def _scaled_padding(base_padding: int, native: int, size: int) -> int:
     return max(1, round(base_padding * size / native))
+
+
+def _refetch(what: str = "it") -> str:
+    """What to do about a damaged file, in the words of the program running (see ``build_dataset``)."""
+    return f"delete {what} and re-download with {DOWNLOAD_HINT.get()}"
+
+
+def _fetch_or_place() -> str:
+    return f"Fetch them with {DOWNLOAD_HINT.get()} (needs network) or place the files there"
 
 
 def _find(directory: Path, name: str) -> Path | None:
@@ -165,16 +175,14 @@ def _read_bytes(path: Path) -> bytearray:
                 return bytearray(f.read())
         return bytearray(path.read_bytes())
     except (OSError, EOFError) as exc:
-        raise UserError(
-            f"cannot read {path}: {exc}; the file is corrupt or truncated, delete it and re-download with --download"
-        ) from exc
+        raise UserError(f"cannot read {path}: {exc}; the file is corrupt or truncated, {_refetch()}") from exc
 
 
 def read_idx(path: str | os.PathLike, expected_magic: int) -> np.ndarray:
     """Parse an unsigned-byte IDX file (plain or ``.gz``), validating magic, dims and length."""
     path = Path(path)
     data = _read_bytes(path)
-    fix = "delete it and re-download with --download"
+    fix = _refetch()
     if len(data) < 4:
         raise UserError(f"corrupt IDX header in {path}: only {len(data)} bytes; {fix}")
     (magic,) = struct.unpack(">I", data[:4])
@@ -204,24 +212,35 @@ def _load_idx_split(raw: Path, images_name: str, labels_name: str) -> tuple[torc
     if len(images) != len(labels):
         raise UserError(
             f"{images_path} has {len(images)} images but {labels_path} has {len(labels)} labels; "
-            "the files do not belong together, delete them and re-download with --download"
+            f"the files do not belong together, {_refetch('them')}"
         )
     if labels.size and int(labels.max()) > 9:
         raise UserError(f"{labels_path} contains label {int(labels.max())} (expected 0..9); delete it and re-download")
     return torch.from_numpy(images).unsqueeze(1), torch.from_numpy(labels).long()
 
 
-def _missing_idx(raw: Path) -> list[str]:
-    return [n for pair in MNIST_FILES.values() for n in pair if _find(raw, n) is None]
+def _idx_names(test_only: bool) -> list[str]:
+    return [n for split in (("test",) if test_only else ("train", "test")) for n in MNIST_FILES[split]]
+
+
+def _missing_idx(raw: Path, names: list[str] | None = None) -> list[str]:
+    return [n for n in names or _idx_names(False) if _find(raw, n) is None]
 
 
 def _build_idx(
-    cfg: DataConfig, name: str, subdir: str, classes: list[str], mean: float, std: float, fetch_cls: str
+    cfg: DataConfig,
+    name: str,
+    subdir: str,
+    classes: list[str],
+    mean: float,
+    std: float,
+    fetch_cls: str,
+    test_only: bool = False,
 ) -> DataSplits:
     root = Path(cfg.data_dir).expanduser().absolute()
     raw = root / subdir / "raw"
-    all_names = [n for pair in MNIST_FILES.values() for n in pair]
-    missing = _missing_idx(raw)
+    names = _idx_names(test_only)
+    missing = _missing_idx(raw, names)
     if missing and cfg.download:
         import torchvision.datasets as tvd
 
@@ -230,16 +249,20 @@ def _build_idx(
             root,
             [root / subdir],
             lambda: getattr(tvd, fetch_cls)(str(root), train=True, download=True),
-            f"{', '.join(all_names)} (optionally .gz) in {raw}",
+            f"{', '.join(names)} (optionally .gz) in {raw}",
         )
-        missing = _missing_idx(raw)
+        missing = _missing_idx(raw, names)
     if missing:
         raise UserError(
-            f"{name} not found: expected {', '.join(all_names)} (optionally .gz) in {raw}; "
-            f"missing: {', '.join(missing)}. Pass --download to fetch them (needs network) or place the files there"
+            f"{name} not found: expected {', '.join(names)} (optionally .gz) in {raw}; "
+            f"missing: {', '.join(missing)}. {_fetch_or_place()}"
         )
-    x_train, y_train = _load_idx_split(raw, *MNIST_FILES["train"])
-    x_test, y_test = _load_idx_split(raw, *MNIST_FILES["test"])
+    if test_only:  # an empty train split of the test split's shape
+        x_test, y_test = _load_idx_split(raw, *MNIST_FILES["test"])
+        x_train, y_train = x_test[:0], y_test[:0]
+    else:
+        x_train, y_train = _load_idx_split(raw, *MNIST_FILES["train"])
+        x_test, y_test = _load_idx_split(raw, *MNIST_FILES["test"])
     native = x_train.shape[-1]
     size = cfg.image_size or native
     x_train, x_test = resize_uint8(x_train, size), resize_uint8(x_test, size)
@@ -259,14 +282,15 @@ def _build_idx(
     return DataSplits.of_tensors(*splits, info, transform, augment=augment, source=str(raw))
 
 
-def build_mnist(cfg: DataConfig) -> DataSplits:
-    """MNIST from ``<data_dir>/MNIST/raw`` (IDX files, plain or gzipped)."""
-    return _build_idx(cfg, "mnist", "MNIST", MNIST_CLASSES, 0.1307, 0.3081, "MNIST")
+def build_mnist(cfg: DataConfig, test_only: bool = False) -> DataSplits:
+    """MNIST from ``<data_dir>/MNIST/raw`` (IDX files, plain or gzipped); ``test_only``: the t10k files alone."""
+    return _build_idx(cfg, "mnist", "MNIST", MNIST_CLASSES, 0.1307, 0.3081, "MNIST", test_only)
 
 
-def build_fashion_mnist(cfg: DataConfig) -> DataSplits:
-    """Fashion-MNIST from ``<data_dir>/FashionMNIST/raw`` (IDX files, plain or gzipped)."""
-    return _build_idx(cfg, "fashion_mnist", "FashionMNIST", FASHION_MNIST_CLASSES, 0.2860, 0.3530, "FashionMNIST")
+def build_fashion_mnist(cfg: DataConfig, test_only: bool = False) -> DataSplits:
+    """Fashion-MNIST from ``<data_dir>/FashionMNIST/raw`` (IDX files, plain or gzipped); ``test_only``: t10k only."""
+    classes = FASHION_MNIST_CLASSES
+    return _build_idx(cfg, "fashion_mnist", "FashionMNIST", classes, 0.2860, 0.3530, "FashionMNIST", test_only)
 
 
 # --------------------------------------------------------------------------- CIFAR-10
@@ -301,7 +325,7 @@ class _CifarUnpickler(pickle.Unpickler):
         if obj is None:
             raise UserError(
                 f"{self._path} is not a CIFAR-10 batch file: it references {module}.{name}, which a CIFAR batch never "
-                "needs, and may be malicious; it was NOT loaded. Delete it and re-download with --download"
+                f"needs, and may be malicious; it was NOT loaded: {_refetch()}"
             )
         return obj
 
@@ -318,10 +342,7 @@ def read_cifar_pickle(path: str | os.PathLike) -> dict:
     except UserError:
         raise
     except Exception as exc:  # truncated or garbage pickles raise many different types
-        raise UserError(
-            f"cannot read {path} as a CIFAR-10 batch ({type(exc).__name__}: {exc}); "
-            "delete it and re-download with --download"
-        ) from exc
+        raise UserError(f"cannot read {path} as a CIFAR-10 batch ({type(exc).__name__}: {exc}); {_refetch()}") from exc
     if not isinstance(obj, dict):
         raise UserError(f"{path} is not a CIFAR-10 batch file (holds a {type(obj).__name__}, expected a dict)")
     return {k.decode("latin1") if isinstance(k, bytes) else str(k): v for k, v in obj.items()}
@@ -362,15 +383,23 @@ def _cifar_class_names(directory: Path) -> list[str]:
     return [n.decode("utf-8") if isinstance(n, bytes) else str(n) for n in names]
 
 
-def _missing_cifar(directory: Path) -> list[str]:
-    return [n for n in (*CIFAR10_TRAIN_FILES, CIFAR10_TEST_FILE) if not (directory / n).is_file()]
+def _cifar_names(test_only: bool) -> tuple[str, ...]:
+    return (CIFAR10_TEST_FILE,) if test_only else (*CIFAR10_TRAIN_FILES, CIFAR10_TEST_FILE)
 
 
-def build_cifar10(cfg: DataConfig) -> DataSplits:
-    """CIFAR-10 from ``<data_dir>/cifar-10-batches-py`` (python pickles, read without running any code)."""
+def _missing_cifar(directory: Path, names: tuple[str, ...] | None = None) -> list[str]:
+    return [n for n in names or _cifar_names(False) if not (directory / n).is_file()]
+
+
+def build_cifar10(cfg: DataConfig, test_only: bool = False) -> DataSplits:
+    """CIFAR-10 from ``<data_dir>/cifar-10-batches-py`` (python pickles, read without running any code).
+
+    ``test_only``: ``test_batch`` alone (the training batches need not exist; ``train`` is empty).
+    """
     root = Path(cfg.data_dir).expanduser().absolute()
     directory = root / CIFAR10_DIR
-    missing = _missing_cifar(directory)
+    names = _cifar_names(test_only)
+    missing = _missing_cifar(directory, names)
     if missing and cfg.download:
         import torchvision.datasets as tvd
 
@@ -381,15 +410,19 @@ def build_cifar10(cfg: DataConfig) -> DataSplits:
             lambda: tvd.CIFAR10(str(root), train=True, download=True),
             f"{', '.join(CIFAR10_TRAIN_FILES)}, {CIFAR10_TEST_FILE} and {CIFAR10_META_FILE} in {directory}",
         )
-        missing = _missing_cifar(directory)
+        missing = _missing_cifar(directory, names)
     if missing:
         raise UserError(
-            f"cifar10 not found: expected {', '.join(CIFAR10_TRAIN_FILES)}, {CIFAR10_TEST_FILE} "
+            f"cifar10 not found: expected {', '.join(names)} "
             f"(and optionally {CIFAR10_META_FILE}) in {directory}; missing: {', '.join(missing)}. "
-            "Pass --download to fetch them (needs network) or place the files there"
+            f"{_fetch_or_place()}"
         )
-    x_train, y_train = _cifar_split(directory, CIFAR10_TRAIN_FILES)
-    x_test, y_test = _cifar_split(directory, (CIFAR10_TEST_FILE,))
+    if test_only:  # an empty train split of the test split's shape
+        x_test, y_test = _cifar_split(directory, (CIFAR10_TEST_FILE,))
+        x_train, y_train = x_test[:0], y_test[:0]
+    else:
+        x_train, y_train = _cifar_split(directory, CIFAR10_TRAIN_FILES)
+        x_test, y_test = _cifar_split(directory, (CIFAR10_TEST_FILE,))
     size = cfg.image_size or 32
     x_train, x_test = resize_uint8(x_train, size), resize_uint8(x_test, size)
     transform, augment = None, None

@@ -13,7 +13,14 @@ from accel_train.runtime import fp16_ignored
 def _one_process_launchers(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
     if plan.launcher == "simple" and plan.num_processes > 1:
         n = plan.num_processes
-        if plan.dt == "MULTI_CPU" and not plan.cpu_flag:
+        if (plan.dt == "MULTI_CPU" or plan.cpu_flag) and plan.num_machines == 1:
+            diag.add(
+                "info",
+                "multi-cpu-relaunched",
+                f"accelerate's simple launcher starts ONE process for {n} CPU processes (no mpirun); train.py "
+                f"starts the {n} ranks itself (torch elastic launcher, gloo DDP on CPU), as {MULTI_CONFIG} does",
+            )
+        elif plan.dt == "MULTI_CPU" and not plan.cpu_flag:
             reason = (
                 "mpirun is not installed" if not env.mpirun_available else "no mpirun_config.mpirun_hostfile is set"
             )
@@ -21,7 +28,8 @@ def _one_process_launchers(plan: LaunchPlan, env: Environment, diag: Diagnosis) 
                 "error",
                 "multi-cpu-one-process",
                 f"distributed_type MULTI_CPU with num_processes {n}: accelerate uses its simple launcher "
-                f"because {reason}, so only ONE process would start (train.py refuses to run). For gloo DDP on CPU "
+                f"because {reason}, so only ONE process would start per machine, and train.py starts the ranks "
+                f"itself only on one machine (here it refuses to run). For gloo DDP on CPU "
                 f"use {MULTI_CONFIG} (torchrun with GPUs hidden), or set num_processes: 1",
             )
         elif plan.cpu_flag:
@@ -116,6 +124,32 @@ def _fp16_on_cpu(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
             "fp16-on-cpu",
             "mixed_precision fp16 on CPU is silently ignored by accelerate (training runs in fp32); "
             "use mixed_precision: 'bf16', which works on CPU",
+        )
+
+
+FP8_BACKENDS = ("transformer_engine", "msamp", "torchao")  # what accelerate's is_fp8_available looks for
+
+
+def _fp8_unavailable(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
+    """accelerate launch stops with a RuntimeError traceback ('FP8 is not available on this machine')."""
+    if plan.mp != "fp8":
+        return
+    import importlib.util
+
+    fix = "use mixed_precision: 'bf16' (it works on CPU too) or 'no'"
+    if plan.device != "cuda":
+        diag.add(
+            "error",
+            "fp8-unavailable",
+            f"mixed_precision fp8 needs a CUDA GPU (Ada/Hopper or newer) and Transformer Engine, MS-AMP or torchao; "
+            f"this plan runs on {plan.device}, where accelerate launch or the run fails; {fix}",
+        )
+    elif not any(importlib.util.find_spec(name) for name in FP8_BACKENDS):
+        diag.add(
+            "error",
+            "fp8-unavailable",
+            "mixed_precision fp8 needs Transformer Engine, MS-AMP or torchao and none is installed: accelerate "
+            f"launch stops with 'FP8 is not available on this machine'; install one, or {fix}",
         )
 
 
@@ -231,6 +265,21 @@ def _multi_machine(plan: LaunchPlan, env: Environment, diag: Diagnosis, cfg: dic
         )
 
 
+def _fsdp2_ram_efficient_loading(cfg: dict[str, Any], diag: Diagnosis) -> None:
+    """accelerate issue #3898: FSDP2 + cpu_ram_efficient_loading reads .device_mesh from plain buffers."""
+    fsdp = cfg.get("fsdp_config") if str(cfg.get("distributed_type", "")).upper() == "FSDP" else None
+    if not isinstance(fsdp, dict) or str(fsdp.get("fsdp_version", 1)) != "2":
+        return
+    if str(fsdp.get("fsdp_cpu_ram_efficient_loading", "")).lower() == "true":
+        diag.add(
+            "warning",
+            "fsdp2-ram-efficient-loading",
+            "fsdp_cpu_ram_efficient_loading: true with fsdp_version 2 crashes on models with BatchNorm (resnet18, "
+            "tv_resnet18): FSDP2 leaves buffers as plain tensors and accelerate reads .device_mesh from them "
+            "(accelerate issue #3898). Set fsdp_cpu_ram_efficient_loading: false",
+        )
+
+
 def add_traps(cfg: dict[str, Any], plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
     """Every trap of ``plan``, as findings in ``diag``."""
     for check in (
@@ -239,6 +288,7 @@ def add_traps(cfg: dict[str, Any], plan: LaunchPlan, env: Environment, diag: Dia
         _too_few_gpu_ids,
         _gpu_types_without_gpu,
         _fp16_on_cpu,
+        _fp8_unavailable,
         _too_many_processes,
         _gpu_ids_vs_machine,
     ):
@@ -246,3 +296,4 @@ def add_traps(cfg: dict[str, Any], plan: LaunchPlan, env: Environment, diag: Dia
     _port_in_use(plan, env, diag, cfg)
     _single_process_notes(plan, env, diag)
     _multi_machine(plan, env, diag, cfg)
+    _fsdp2_ram_efficient_loading(cfg, diag)

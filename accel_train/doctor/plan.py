@@ -95,7 +95,13 @@ def _counts(cfg: dict[str, Any], dt: str, diag: Diagnosis) -> tuple[int, int, in
         )
         return None
     if num_processes < 1 or num_machines < 1:
-        diag.add("error", "invalid-value", "num_processes and num_machines must be at least 1")
+        bad = ", ".join(f"{key}: {value}" for key, value in named[::2] if value < 1)
+        diag.add(
+            "error",
+            "invalid-value",
+            f"{bad} is invalid: num_processes and num_machines must be at least 1 (accelerate launch fails or "
+            "ignores it); e.g. num_processes: 1",
+        )
         return None
     return num_machines, machine_rank, num_processes
 

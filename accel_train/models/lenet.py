@@ -13,6 +13,8 @@ class LeNet(nn.Module):
     follow from ``image_size``.
     """
 
+    min_image_size = 14  # the smallest side whose feature map survives both pools (see models.min_image_size)
+
     def __init__(self, num_classes: int = 10, in_channels: int = 1, image_size: int = 28):
         super().__init__()
         side = ((image_size - 2) // 2 - 4) // 2

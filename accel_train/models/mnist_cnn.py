@@ -13,6 +13,8 @@ class MnistCNN(nn.Module):
     it follows ``image_size``.
     """
 
+    min_image_size = 2  # the max-pool halves the side: 1 pixel would leave nothing
+
     def __init__(self, num_classes: int = 10, in_channels: int = 1, image_size: int = 28):
         super().__init__()
         self.features = nn.Sequential(

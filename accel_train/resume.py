@@ -1,0 +1,136 @@
+"""What a resume may change: a resumed run is the run that was saved, plus explicit, recorded changes.
+
+``--resume`` restores the saved configuration (``progress.json`` holds it). Flags given with
+``--resume`` are sorted into three kinds:
+
+* **per attempt** (how this attempt runs, never restored): ``--resume``, ``--output-dir``,
+  ``--stop-at-step``, ``--branch``, ``--resume-inexact``, ``--extend``, ``--debug``;
+* **safe** (they change how a run is watched, saved or computed, not what it learns): logging,
+  evaluation and checkpoint cadence, trackers, threads, data workers, the data folder, the
+  process-group timeout, precision, ``--compile``, ``--channels-last``, ``--sync-bn``. Not given,
+  they keep the saved value; given, they take effect and are recorded in the ``resume`` event;
+* **the experiment** (everything else: model, data, batch, optimizer, LR and schedule, seed,
+  length): a different value is refused with one line naming the flag, except the length
+  (``--epochs``/``--max-steps``), which ``--extend`` may make longer.
+
+An extended run keeps its schedule's shape *as if it had been planned for the new length from
+the start*: the LR is a pure function of (step, total steps), so after 352 of a planned 352 cosine
+steps an extension to 440 continues from the cosine's value at 352/440 (about 9.5% of the peak),
+never at an LR of 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+from accel_train.config import TrainConfig
+from accel_train.errors import UserError
+
+PER_ATTEMPT = frozenset(
+    {"resume", "output_dir", "overwrite", "stop_at_step", "branch", "resume_inexact", "extend", "debug"}
+)
+SAFE = frozenset(
+    {
+        "log_every",
+        "eval_every",
+        "eval_batch_size",
+        "checkpoint_every",
+        "checkpoint_epochs",
+        "keep_last",
+        "report_to",
+        "progress",
+        "plots",
+        "threads",
+        "num_workers",
+        "data_dir",
+        "download",
+        "dist_timeout",
+        "mixed_precision",
+        "compile",
+        "channels_last",
+        "sync_bn",
+    }
+)
+LENGTH = frozenset({"epochs", "max_steps"})
+BATCH = ("batch_size", "global_batch_size", "grad_accum_steps", "max_device_batch")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def given_fields(cfg: TrainConfig) -> frozenset[str]:
+    """Fields the user set (flags or ``--config`` YAML); every field when ``cfg`` was built in code."""
+    given = getattr(cfg, "given", None)
+    return frozenset(f.name for f in fields(TrainConfig)) if given is None else frozenset(given)
+
+
+def reconcile(cfg: TrainConfig, saved: dict[str, Any], resolved: dict[str, Any]) -> dict[str, list[Any]]:
+    """Make ``cfg`` the saved run's config plus the allowed changes (in place); returns ``{field: [old, new]}``.
+
+    ``saved`` is the run's config from its checkpoint, ``resolved`` what it resolved to (global batch).
+    Raises ``UserError`` for a change to the experiment, or a length change without ``--extend``.
+    """
+    given = given_fields(cfg)
+    changes: dict[str, list[Any]] = {}
+    refused: list[str] = []
+    for f in fields(TrainConfig):
+        name = f.name
+        if name in PER_ATTEMPT or name not in saved:
+            continue  # a field newer than the checkpoint keeps this attempt's value
+        old, new = saved[name], getattr(cfg, name)
+        if name not in given:
+            setattr(cfg, name, old)
+        elif new != old:
+            if name in SAFE or (name in LENGTH and cfg.extend):
+                changes[name] = [old, new]
+            else:
+                refused.append(name)
+    if refused:
+        raise UserError(_refusal(refused, saved))
+    _keep_global_batch(cfg, given, resolved)
+    return changes
+
+
+def _refusal(names: list[str], saved: dict[str, Any]) -> str:
+    shown = ", ".join(f"{_flag(n)} (the run has {saved[n]!r})" for n in names)
+    if all(n in LENGTH for n in names):
+        return (
+            f"{shown}: a resume continues the run as it was planned; pass --extend to make it longer (the LR "
+            "schedule is re-planned for the new length), or drop the flag"
+        )
+    return (
+        f"{shown}: a resume continues the same experiment, so it cannot change that; drop the flag (the saved "
+        "value is used), or start a new run in another --output-dir (or with --overwrite)"
+    )
+
+
+def _keep_global_batch(cfg: TrainConfig, given: frozenset[str], resolved: dict[str, Any]) -> None:
+    """Same optimizer batch on any number of processes: a resume without batch flags keeps the saved global batch."""
+    global_batch, micro = resolved.get("global_batch"), resolved.get("micro_batch")
+    if not isinstance(global_batch, int) or any(name in given for name in BATCH):
+        return
+    cfg.global_batch_size = global_batch
+    cfg.grad_accum_steps = 1
+    cfg.max_device_batch = cfg.max_device_batch or (micro if isinstance(micro, int) else None)
+
+
+def check_extension(cfg: TrainConfig, done_steps: int, total_steps: int) -> None:
+    """``--extend`` must leave steps to train."""
+    if cfg.extend and total_steps <= done_steps:
+        what = f"--max-steps {cfg.max_steps}" if cfg.max_steps else f"--epochs {cfg.epochs}"
+        raise UserError(
+            f"--extend with {what} gives {total_steps} steps, but the run has already trained {done_steps}; "
+            "pass a larger --epochs or --max-steps"
+        )
+
+
+def finished_note(output_dir: str, done_steps: int, planned_steps: Any) -> str | None:
+    """The line for a resume of a run that has already trained all its planned steps (None otherwise)."""
+    if not isinstance(planned_steps, int) or done_steps < planned_steps:
+        return None
+    return (
+        f"accel_train: the run in {output_dir} already finished ({done_steps} of {planned_steps} steps; see its "
+        "summary.json); nothing to do. To train it longer pass --extend with a larger --epochs or --max-steps"
+    )

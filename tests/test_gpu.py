@@ -1,0 +1,357 @@
+"""Issue 11: the GPU paths on real GPUs, and the CPU checks of the GPU tooling.
+
+Tests marked ``gpu`` (one CUDA GPU) or ``multigpu`` (two or more) skip on the CPU-only CI; they are
+what ``scripts/gpu_acceptance.py`` runs first on a GPU machine. Each expensive run is a
+module-scoped fixture that several tests read. The unmarked tests run everywhere: GPUs are hidden
+from them (``conftest.hide_gpus``), and the acceptance script plans and reports without a GPU.
+
+Comparisons across devices or process layouts use SGD: Adam divides each update by the running
+gradient magnitude, so where a gradient is close to zero, round-off in it changes the update by up
+to the learning rate and a weights tolerance says nothing. With SGD a weight differs by about
+lr x (the gradient's round-off) per step, while a real mistake (a wrong batch, a lost optimizer or
+RNG state) moves weights by about lr x the gradient itself, orders of magnitude more.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from conftest import FAST, HIDDEN_GPUS, REPO, _env, check, max_abs_diff, metrics, run_script, summary, weights
+
+# TF32 off: fp32 matmuls and convolutions really are fp32 (TF32 keeps 10 mantissa bits, and would
+# dominate every difference below); cuBLAS with a fixed workspace picks reproducible kernels.
+DETERMINISTIC = {"NVIDIA_TF32_OVERRIDE": "0", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+ON_CPU = {**DETERMINISTIC, "CUDA_VISIBLE_DEVICES": ""}  # the CPU side of a GPU test: no GPU visible at all
+ON_GPU = {**DETERMINISTIC, "CUDA_VISIBLE_DEVICES": "0"}  # one GPU: plain train.py on several would be DataParallel
+
+SGD_LENET = [
+    "--model", "lenet", "--optimizer", "sgd", "--lr", "0.05", "--global-batch-size", "32",
+    "--max-steps", "24", "--log-every", "1", *FAST,
+]  # fmt: skip
+# CIFAR-shaped synthetic data: resnet18 with BatchNorm at its real input size, no download.
+CIFAR_SHAPED = [
+    "--dataset", "synthetic", "--synthetic-channels", "3", "--synthetic-image-size", "32",
+    "--synthetic-size", "512", "--synthetic-test-size", "128",
+]  # fmt: skip
+# CPU and GPU kernels add in different orders: with TF32 off each op differs by fp32 round-off
+# (~1e-7 relative), which 24 SGD steps should grow to ~1e-6..1e-5 on lenet. 1e-4 leaves room for
+# that and stays 50x below one step's update (the 24th step moves these weights by up to 5e-3,
+# measured on CPU), the size of the smallest real resume mistake.
+CROSS_DEVICE_TOL = 1e-4
+# One GPU vs two: the same fp32 math, only the gradient sum is split (DataParallel reduces onto
+# GPU 0, DDP all-reduces): differences stay at round-off.
+DP_DDP_TOL = 1e-5
+
+
+def _device_type(run_dir) -> str:
+    return summary(run_dir)["device"].split(":")[0]
+
+
+# ---- hiding GPUs from the CPU suite --------------------------------------------------------------------------
+def test_tests_without_a_gpu_marker_see_no_gpu_in_process_or_in_children():
+    import torch
+
+    env = _env()
+    assert env["CUDA_VISIBLE_DEVICES"] == HIDDEN_GPUS
+    assert not torch.cuda.is_available() and torch.cuda.device_count() == 0
+    probe = "import torch; print(torch.cuda.is_available(), torch.cuda.device_count())"
+    proc = check(subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300))
+    assert proc.stdout.split() == ["False", "0"]
+
+
+def test_an_explicit_cuda_visible_devices_still_wins():
+    assert _env({"CUDA_VISIBLE_DEVICES": "1"})["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+@pytest.mark.gpu
+def test_gpu_tests_see_the_gpus():
+    import torch
+
+    assert _env().get("CUDA_VISIBLE_DEVICES") != HIDDEN_GPUS
+    assert torch.cuda.is_available() and torch.cuda.device_count() >= 1
+
+
+# ---- one GPU: accuracy and mixed precision -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def default_gpu_run(tmp_path_factory):
+    """The default run (lenet on digits, default epochs) on one GPU."""
+    out = tmp_path_factory.mktemp("single_gpu") / "default"
+    check(run_script("train.py", *FAST, "--output-dir", str(out), config="single_gpu.yaml"))
+    return out
+
+
+@pytest.mark.gpu
+def test_single_gpu_default_run_reaches_the_cpu_accuracy(default_gpu_run):
+    s = summary(default_gpu_run)
+    assert s["device"].startswith("cuda") and s["world_size"] == 1 and s["data_parallel"] is False
+    assert s["eval_accuracy"] >= 0.95, s
+    assert s["peak_memory_mb"] and s["peak_memory_mb"] > 0
+
+
+@pytest.fixture(scope="module", params=["bf16", "fp16"])
+def mixed_precision_run(request, tmp_path_factory):
+    precision = request.param
+    out = tmp_path_factory.mktemp(f"mixed_{precision}") / "run"
+    args = ["--model", "lenet", "--max-steps", "60", "--log-every", "5", "--mixed-precision", precision, *FAST]
+    check(run_script("train.py", *args, "--output-dir", str(out), config="single_gpu.yaml"))
+    return precision, out
+
+
+@pytest.mark.gpu
+def test_mixed_precision_runs_finish_with_finite_loss(mixed_precision_run):
+    precision, out = mixed_precision_run
+    s = summary(out)
+    assert s["mixed_precision"] == precision and s["device"].startswith("cuda")
+    assert s["global_step"] == 60 and math.isfinite(s["eval_loss"])
+    losses = [m["loss"] for m in metrics(out) if m["event"] == "train"]
+    assert losses and all(math.isfinite(x) for x in losses)
+
+
+@pytest.mark.gpu
+def test_fp16_reports_skipped_steps_and_its_loss_scale(mixed_precision_run):
+    precision, out = mixed_precision_run
+    s = summary(out)
+    assert type(s["fp16_skipped_steps"]) is int
+    if precision == "fp16":
+        assert 0 <= s["fp16_skipped_steps"] < s["global_step"] / 2, s  # a few overflow while the scale settles
+        assert s["loss_scale"] > 0
+    else:
+        assert s["fp16_skipped_steps"] == 0 and s["loss_scale"] is None  # bf16 needs no scaler
+
+
+# ---- resume across devices -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cross_device_runs(tmp_path_factory):
+    """Straight runs on each device, and runs stopped at step 11 on one device and resumed on the other."""
+    root = tmp_path_factory.mktemp("cross_device")
+    env = {"cpu": ON_CPU, "gpu": ON_GPU}
+    for device in env:
+        check(run_script("train.py", *SGD_LENET, "--output-dir", str(root / f"{device}_straight"), env=env[device]))
+    for first, second in (("cpu", "gpu"), ("gpu", "cpu")):
+        out = str(root / f"{first}_to_{second}")
+        check(run_script("train.py", *SGD_LENET, "--stop-at-step", "11", "--output-dir", out, env=env[first]))
+        proc = check(run_script("train.py", *SGD_LENET, "--resume", "auto", "--output-dir", out, env=env[second]))
+        assert "resumed from" in proc.stdout, proc.stdout[-2000:]
+    return root
+
+
+@pytest.mark.gpu
+def test_straight_runs_on_cpu_and_gpu_agree(cross_device_runs):
+    cpu, gpu = cross_device_runs / "cpu_straight", cross_device_runs / "gpu_straight"
+    assert (_device_type(cpu), _device_type(gpu)) == ("cpu", "cuda")
+    assert max_abs_diff(weights(cpu), weights(gpu)) <= CROSS_DEVICE_TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("first,second", [("cpu", "gpu"), ("gpu", "cpu")])
+def test_a_checkpoint_resumes_on_the_other_device(cross_device_runs, first, second):
+    moved = cross_device_runs / f"{first}_to_{second}"
+    s = summary(moved)
+    assert _device_type(moved) == ("cuda" if second == "gpu" else "cpu")
+    assert s["global_step"] == 24 and s["samples_seen"] == 24 * 32
+    for device in ("cpu", "gpu"):
+        straight = cross_device_runs / f"{device}_straight"
+        assert max_abs_diff(weights(straight), weights(moved)) <= CROSS_DEVICE_TOL, device
+
+
+# ---- FSDP on one GPU -----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def fsdp_runs(tmp_path_factory):
+    """resnet18 (BatchNorm buffers) under fsdp.yaml at world size 1: stop at step 5, resume; and a plain run."""
+    root = tmp_path_factory.mktemp("fsdp")
+    args = ["--model", "resnet18", *CIFAR_SHAPED, "--batch-size", "32", "--max-steps", "12", "--log-every", "1", *FAST]
+    one = ("--num_processes", "1")
+    fsdp = str(root / "fsdp")
+    check(
+        run_script("train.py", *args, "--stop-at-step", "5", "--output-dir", fsdp, config="fsdp.yaml", launch_args=one)
+    )
+    resumed = check(
+        run_script("train.py", *args, "--resume", "auto", "--output-dir", fsdp, config="fsdp.yaml", launch_args=one)
+    )
+    check(run_script("train.py", *args, "--output-dir", str(root / "plain"), config="single_gpu.yaml"))
+    return root, resumed
+
+
+@pytest.mark.gpu
+def test_fsdp_world_size_one_stops_resumes_and_finishes(fsdp_runs):
+    root, resumed = fsdp_runs
+    assert "resumed from" in resumed.stdout, resumed.stdout[-2000:]
+    s = summary(root / "fsdp")
+    assert s["distributed_type"] == "FSDP" and s["world_size"] == 1 and s["device"].startswith("cuda")
+    assert s["global_step"] == 12 and math.isfinite(s["eval_loss"])
+
+
+@pytest.mark.gpu
+def test_fsdp_export_is_full_and_matches_a_plain_runs_keys(fsdp_runs):
+    import torch
+
+    root, _ = fsdp_runs
+    sharded, plain = weights(root / "fsdp"), weights(root / "plain")
+    assert sharded.keys() == plain.keys()  # BatchNorm's running stats and num_batches_tracked included
+    assert not any(k.startswith(("module.", "_orig_mod.", "_fsdp")) for k in sharded)
+    for key, tensor in sharded.items():
+        assert tensor.shape == plain[key].shape, key  # full tensors, not one rank's shard
+        assert tensor.dtype == plain[key].dtype, key
+        if tensor.is_floating_point():
+            assert torch.isfinite(tensor).all(), key
+
+
+# ---- two GPUs ------------------------------------------------------------------------------------------------
+@pytest.mark.multigpu
+def test_data_parallel_replicas_compute_in_the_autocast_dtype():
+    """torch's parallel_apply re-enters autocast in each replica thread with its default dtype (fp16 on CUDA)."""
+    import torch
+    import torch.nn as nn
+
+    from accel_train.models import create_model
+    from accel_train.runtime import wrap_data_parallel
+
+    model = create_model("lenet").cuda()
+    seen, lock = [], threading.Lock()
+
+    def record(module, inputs, output):
+        with lock:
+            seen.append((output.device.index, output.dtype))
+
+    linear = [m for m in model.modules() if isinstance(m, nn.Linear)][-1]
+    linear.register_forward_hook(record)  # replicas share the module's hooks
+    wrapped = wrap_data_parallel(model, 2, autocast_dtype=torch.bfloat16)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        wrapped(torch.randn(8, 1, 28, 28, device="cuda"))
+    assert sorted({device for device, _ in seen}) == [0, 1]  # one replica ran on each GPU
+    assert {dtype for _, dtype in seen} == {torch.bfloat16}, seen
+
+
+@pytest.mark.multigpu
+def test_data_parallel_bf16_run_trains(tmp_path):
+    out = tmp_path / "run"
+    args = ["--model", "lenet", "--max-steps", "20", "--mixed-precision", "bf16", *FAST, "--output-dir", str(out)]
+    check(run_script("train.py", *args, config="dp.yaml", launch_args=("--gpu_ids", "0,1")))
+    s = summary(out)
+    assert s["data_parallel"] is True and s["mixed_precision"] == "bf16" and math.isfinite(s["eval_loss"])
+
+
+@pytest.fixture(scope="module")
+def dp_and_ddp_runs(tmp_path_factory):
+    """The same global batch of 32 on GPUs 0 and 1: DataParallel (1 process) and DDP (2 processes)."""
+    root = tmp_path_factory.mktemp("dp_ddp")
+    args = [*SGD_LENET, "--max-steps", "20"]
+    check(
+        run_script(
+            "train.py", *args, "--output-dir", str(root / "dp"), config="dp.yaml",
+            launch_args=("--gpu_ids", "0,1"), env=DETERMINISTIC,
+        )
+    )  # fmt: skip
+    check(
+        run_script(
+            "train.py", *args, "--output-dir", str(root / "ddp"), config="multi_gpu.yaml",
+            launch_args=("--num_processes", "2", "--gpu_ids", "0,1"), env=DETERMINISTIC,
+        )
+    )  # fmt: skip
+    return root
+
+
+@pytest.mark.multigpu
+def test_data_parallel_and_ddp_give_the_same_weights(dp_and_ddp_runs):
+    dp, ddp = summary(dp_and_ddp_runs / "dp"), summary(dp_and_ddp_runs / "ddp")
+    assert (dp["data_parallel"], dp["world_size"], dp["global_batch"]) == (True, 1, 32)
+    assert (ddp["data_parallel"], ddp["world_size"], ddp["global_batch"]) == (False, 2, 32)
+    assert ddp["distributed_type"] == "MULTI_GPU" and ddp["device"].startswith("cuda")
+    assert max_abs_diff(weights(dp_and_ddp_runs / "dp"), weights(dp_and_ddp_runs / "ddp")) <= DP_DDP_TOL
+
+
+# ---- scripts/gpu_acceptance.py, without a GPU ----------------------------------------------------------------
+def _acceptance():
+    """scripts/gpu_acceptance.py as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("gpu_acceptance", REPO / "scripts" / "gpu_acceptance.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return sys.modules[spec.name]
+
+
+def test_acceptance_plan_names_every_check_and_its_commands(tmp_path):
+    report = tmp_path / "report"
+    proc = check(run_script("gpu_acceptance.py", "--plan", "--out", str(report), timeout=300))
+    for name in _acceptance().CHECK_NAMES:
+        assert re.search(rf"^\S*\s*{name}\b", proc.stdout, re.M), (name, proc.stdout)
+    expected = ["gpu or multigpu", "--synthetic-channels 3", "--mixed-precision fp16", "--stop-at-step"]
+    expected += ["--resume auto", "fsdp.yaml --num_processes 1", "dp.yaml --gpu_ids 0,1", "multi_gpu.yaml"]
+    for command in expected:
+        assert command in proc.stdout, (command, proc.stdout)
+    assert not report.exists()  # a plan runs and writes nothing
+
+
+def test_acceptance_without_cuda_exits_2_with_one_line(tmp_path):
+    report = tmp_path / "report"
+    proc = run_script("gpu_acceptance.py", "--out", str(report), timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    errors = [line for line in lines if line.startswith("error:")]
+    assert errors == lines[-1:] and "no CUDA GPU" in errors[0] and "--plan" in errors[0], proc.stderr
+    assert not report.exists()
+
+
+def test_acceptance_report_never_counts_a_check_that_did_not_run_as_passed(tmp_path):
+    acc = _acceptance()
+    throughput = {"runs": {"bf16": {"samples_per_s": 12345.6, "mfu": 0.123, "peak_memory_mb": 2048.0}}}
+    results = [
+        acc.CheckResult("pytest", acc.PASS, duration_s=61.0, metrics={"passed": 12, "failed": 0, "skipped": 4}),
+        acc.CheckResult("throughput", acc.PASS, duration_s=90.0, metrics=throughput),
+        acc.CheckResult("fsdp", acc.FAIL, detail="resumed exited 1: boom", duration_s=30.0),
+        acc.CheckResult("dp_ddp", acc.NOT_RUN, detail="needs 2 GPUs; this machine has 1"),
+    ]
+    info = {"device": "NVIDIA H100 80GB HBM3", "gpus": 1, "torch": "2.11.0", "cuda": "13.0", "accelerate": "1.15.0"}
+    acc.write_report(results, info, tmp_path)
+
+    data = json.loads((tmp_path / "acceptance.json").read_text())
+    assert {c["name"]: c["status"] for c in data["checks"]} == {
+        "pytest": "pass", "throughput": "pass", "fsdp": "fail", "dp_ddp": "not run",
+    }  # fmt: skip
+    assert data["counts"] == {"pass": 2, "fail": 1, "not run": 1}
+    assert data["environment"]["device"] == "NVIDIA H100 80GB HBM3"
+    md = (tmp_path / "acceptance.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| dp_ddp"))
+    assert "not run" in row and "needs 2 GPUs" in row and not re.search(r"\bpass\b", row)
+    assert "| bf16 | 12,346 | 12.3% |" in md  # the throughput table
+    assert "NVIDIA H100 80GB HBM3" in md and "2 passed, 1 failed, 1 not run" in md
+    assert acc.exit_code(results) == 1
+    assert acc.exit_code([results[0], results[3]]) == 0  # not run is not a failure, and not a pass either
+
+
+def test_acceptance_runner_turns_exits_timeouts_and_missing_gpus_into_results(tmp_path, monkeypatch):
+    acc = _acceptance()
+    monkeypatch.setattr(acc, "MIN_CHECK_S", 1)
+    ctx = acc.Context(tmp_path / "work", tmp_path / "out", gpus=1, budget_s=600)
+    deadline = time.monotonic() + 600
+
+    def demo(*codes, judge=lambda ctx, procs, check: (True, "fine", {"steps": len(procs)}), min_gpus=1, timeout=60):
+        steps = [acc.Step(f"step{i}", [sys.executable, "-c", code]) for i, code in enumerate(codes)]
+        return acc.Check("demo", "a demo", "never", timeout, steps, judge, min_gpus=min_gpus)
+
+    ok = acc.run_check(demo("print(1)", "print(2)"), ctx, deadline)
+    assert (ok.status, ok.detail, ok.metrics) == (acc.PASS, "fine", {"steps": 2})
+    assert (tmp_path / "work" / "demo" / "step1.log").read_text().startswith("$ ")
+    failed = acc.run_check(demo("import sys; sys.exit('error: the disk is full')", "print(2)"), ctx, deadline)
+    assert failed.status == acc.FAIL and failed.detail == "step0 exited 1: error: the disk is full"
+    slow = acc.run_check(demo("import time; print('started', flush=True); time.sleep(60)", timeout=3), ctx, deadline)
+    assert slow.status == acc.FAIL and "timed out" in slow.detail and slow.duration_s < 30
+    assert "started" in (tmp_path / "work" / "demo" / "step0.log").read_text()  # the output up to the kill
+
+    def broken(ctx, procs, check):
+        raise FileNotFoundError("summary.json")
+
+    unjudged = acc.run_check(demo("print(1)", judge=broken), ctx, deadline)
+    assert unjudged.status == acc.FAIL and "could not judge" in unjudged.detail
+    two = acc.run_check(demo("print(1)", min_gpus=2), ctx, deadline)
+    assert (two.status, two.detail) == (acc.NOT_RUN, "needs 2 GPUs; this machine has 1")
+    late = acc.run_check(demo("print(1)"), ctx, time.monotonic())
+    assert late.status == acc.NOT_RUN and "time budget" in late.detail
