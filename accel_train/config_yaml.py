@@ -17,6 +17,7 @@ from typing import Any
 
 from accel_train.config import TrainConfig, _field_type
 from accel_train.errors import UserError
+from accel_train.limits import check_regular_file
 
 YAML_MAX_BYTES = 1 << 20  # 1 MiB: a hyperparameter file is a few hundred bytes
 YAML_MAX_NODES = 10_000  # values in the document once anchors/aliases are expanded
@@ -34,6 +35,10 @@ def load_yaml_config(path: str | Path) -> dict[str, Any]:
     import yaml
 
     path = Path(path)
+    try:
+        check_regular_file(path, "YAML")  # a FIFO would block the read; a directory is not "not found"
+    except UserError as exc:
+        raise UserError(f"--config {exc}") from None
     if not path.is_file():
         raise UserError(f"--config {str(path)!r}: file not found")
     text = _read_yaml_text(path)

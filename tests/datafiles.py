@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import pickle
 import struct
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -166,3 +167,18 @@ def write_hf_disk(path: str | Path, n: int = 30, splits: bool = True, size: int 
     data = datasets.DatasetDict({"train": make(n, 1), "test": make(max(3, n // 3), 2)}) if splits else make(n, 1)
     data.save_to_disk(str(path))
     return Path(path)
+
+
+def undecodable_png(path: str | Path) -> Path:
+    """Damage a PNG so that only decoding its pixels fails: the IDAT data is zeros (not zlib), its checksum valid.
+
+    Opening it and ``verify()`` (the up-front check of an image folder) pass; converting it raises OSError.
+    """
+    path = Path(path)
+    data = path.read_bytes()
+    start = data.index(b"IDAT") - 4
+    (length,) = struct.unpack(">I", data[start : start + 4])
+    body = bytes(length)
+    crc = struct.pack(">I", zlib.crc32(b"IDAT" + body))
+    path.write_bytes(data[: start + 8] + body + crc + data[start + 12 + length :])
+    return path

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FAST, check, run_script
-from datafiles import write_image_folder
+from datafiles import undecodable_png, write_image_folder
 from test_bad_inputs import raises_user_error, run_bad, snapshot
 
 from accel_train.cli import run_main
@@ -172,6 +172,13 @@ def test_yaml_values_in_process(tmp_path, text, needles):
     assert snapshot(tmp_path) == before
 
 
+def test_yaml_config_that_is_a_fifo_or_a_folder(tmp_path):
+    pipe = fifo(tmp_path / "hp.yaml")
+    with deadline(60):
+        raises_user_error(lambda: parse_config(["--config", str(pipe)]), f"--config {pipe} is a FIFO (named pipe)")
+    raises_user_error(lambda: parse_config(["--config", str(tmp_path)]), f"--config {tmp_path} is a directory")
+
+
 def test_yaml_with_a_bom_is_read(tmp_path):
     """A UTF-8 byte-order mark (some Windows editors write one) is dropped, not an error."""
     config = tmp_path / "hp.yaml"
@@ -316,6 +323,23 @@ def test_imagefolder_of_mixed_modes_says_how_they_are_converted(tmp_path):
     assert "every image is converted to RGB (3 channels); alpha channels are dropped" in note
 
 
+def test_imagefolder_image_that_only_fails_to_decode(tmp_path):
+    """Checksums valid, pixels not: the up-front check passes it; decoding it (for the statistics the build
+    estimates, or as a sample in an epoch) is one line naming the file."""
+    from accel_train.data import build_dataset
+
+    root = _folder_with(tmp_path)
+    bad = undecodable_png(root / "a" / "a_001.png")
+
+    def read_everything():
+        splits = build_dataset(parse_config(["--dataset", f"imagefolder:{root}"]).data_config())
+        for dataset in (splits.train, splits.test):
+            for index in range(len(dataset)):
+                dataset[index]
+
+    raises_user_error(read_everything, f"cannot decode image {bad}", "broken data stream", "remove or replace it")
+
+
 def test_imagefolder_with_a_directory_loop(tmp_path):
     from accel_train.data import build_dataset
 
@@ -357,6 +381,14 @@ def test_fifo_weights_are_refused_not_read(tmp_path, capsys, image, program):
     with deadline(60):
         code, out, err = run_cli(capsys, main, argv)
     one_line(code, out, err, f"{pipe} is a FIFO (named pipe), not a regular file", "pass the weights file itself")
+
+
+@pytest.mark.parametrize("size", ["0", "-3"])
+def test_evaluate_batch_size(capsys, small_run, size):
+    from accel_train.commands.evaluate import main
+
+    code, out, err = run_cli(capsys, main, ["--weights", str(small_run / "model"), "--batch-size", size])
+    one_line(code, out, err, f"--batch-size must be >= 1, got {size}")
 
 
 def test_fifo_weights_through_eval_script(tmp_path):

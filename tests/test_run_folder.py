@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FAST, REPO, check, launch_cmd, metrics, run_script, summary
-from datafiles import write_image_folder
+from datafiles import undecodable_png, write_image_folder
 
 from accel_train.launch import child_env, child_pids, wait_for_step
 from accel_train.run_dir import LOCK, REPLACED, RunDir, RunLock
@@ -62,11 +62,12 @@ def _copy(run: Path, tmp_path: Path) -> Path:
 
 # ---- --overwrite ---------------------------------------------------------------------------------------------
 def test_overwrite_that_fails_leaves_the_previous_run_intact(tmp_path, finished_run):
-    """A truncated test PNG fails the new run at its first evaluation, before any checkpoint: nothing is lost."""
+    """A test PNG whose pixels do not decode (its checksums are valid: the up-front image check passes it) fails
+    the new run at its first evaluation, before any checkpoint: nothing is lost."""
     run = _copy(finished_run, tmp_path)
     images = write_image_folder(tmp_path / "images", with_splits=True)
     png = sorted((images / "test" / "a").glob("*.png"))[0]
-    png.write_bytes(png.read_bytes()[:40])
+    undecodable_png(png)
     before = snapshot(run)
     proc = run_script(
         "train.py", "--output-dir", str(run), "--overwrite", "--dataset", f"imagefolder:{images}",

@@ -222,7 +222,6 @@ def load_model(source: str | os.PathLike, model_name: str | None = None, **overr
     if model_name is not None:
         config["model"] = model_name
     given = {k: v for k, v in overrides.items() if v is not None}
-    check_model_config(given, "the arguments")
     config.update(given)
     if not config.get("model"):
         raise CheckpointError(
@@ -231,7 +230,10 @@ def load_model(source: str | os.PathLike, model_name: str | None = None, **overr
         )
     for key, value in _infer_sizes(sd).items():
         config.setdefault(key, value)
-    check_model_config(config, meta["config_path"] or "the model config")  # types, ranges, lengths: one line
+    where = meta["config_path"] or "the model config"
+    if given:
+        where += f" (with {', '.join(f'{k}={v!r}' for k, v in given.items())} from the arguments)"
+    check_model_config(config, where)  # types, ranges, lengths: one line naming the file and the field
     kwargs = {k: int(config[k]) for k in ("num_classes", "in_channels", "image_size") if config.get(k) is not None}
     try:
         model = create_model(str(config["model"]), **kwargs)

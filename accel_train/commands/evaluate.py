@@ -24,6 +24,8 @@ def main(argv=None):
     parser.add_argument("--mixed-precision", choices=("no", "fp16", "bf16"), help="override the accelerate config")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     args = parser.parse_args(argv)
+    if args.batch_size < 1:
+        parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
 
     import json
 

@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import Dataset
 
 from accel_train.data.base import DataConfig, DatasetInfo, DataSplits, stratified_split
-from accel_train.data.images import channels_for, check_image_files, mixed_modes_note
+from accel_train.data.images import DECODE_ERRORS, channels_for, check_image_files, mixed_modes_note
 from accel_train.errors import UserError
 
 DEFAULT_IMAGE_SIZE = 64  # used when the images differ in size and cfg.image_size is unset
@@ -198,12 +198,25 @@ class LazyImageDataset(Dataset):
         return len(self.data)
 
     def __getitem__(self, index: int):
-        row = self.data[int(index)]
-        image = image_to_chw(row[self.image_column], self.channels, self.size)
+        try:
+            row = self.data[int(index)]  # datasets decodes the image here
+            image = image_to_chw(row[self.image_column], self.channels, self.size)
+        except DECODE_ERRORS as exc:  # it passed the up-front check (header, checksums) but its pixels do not decode
+            raise UserError(f"cannot decode image {self._name(index)}: {exc}; remove or replace it") from None
         if self.transform is not None:
             image = self.transform(image)
         label = row[self.label_column]
         return image, int(self.label_map[label] if self.label_map is not None else label)
+
+    def _name(self, index: int) -> str:
+        """The file behind sample ``index``, for an error message (else the sample's index)."""
+        import datasets
+
+        try:
+            raw = self.data.cast_column(self.image_column, datasets.Image(decode=False))[int(index)]
+            return str(raw[self.image_column]["path"])
+        except Exception:  # noqa: BLE001 - only for the message: bytes without a path, another column type
+            return f"sample {index} of column {self.image_column!r}"
 
     def labels(self) -> torch.Tensor:
         """All labels as class indices (one columnar read, no image decoding)."""

@@ -21,7 +21,8 @@ from accel_train.limits import check_regular_file
 MAX_IMAGE_PIXELS = 1 << 26  # 67 megapixels (8192 x 8192): larger is refused as a possible decompression bomb
 GRAY = frozenset({"1", "L", "LA", "I", "I;16", "I;16L", "I;16B", "I;16N", "F"})
 ALPHA = frozenset({"LA", "RGBA", "PA", "La", "RGBa"})
-_DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, IndexError, TypeError, ZeroDivisionError)
+# what PIL raises for damaged image data (its own errors subclass these)
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, IndexError, TypeError, ZeroDivisionError)
 
 
 def _too_large(path: Any, what: str) -> UserError:
@@ -45,7 +46,7 @@ def open_image(path: str | os.PathLike):
         raise _too_large(path, f"{int(pixels.group(1)):,} pixels" if pixels else "its header says so") from None
     except UnidentifiedImageError:
         raise UserError(f"cannot read image {path}: not an image file (unknown or damaged format)") from None
-    except _DECODE_ERRORS as exc:
+    except DECODE_ERRORS as exc:
         raise UserError(f"cannot read image {path}: {' '.join(str(exc).split())[:200]}") from None
     if image.width * image.height > MAX_IMAGE_PIXELS:
         image.close()
@@ -62,7 +63,7 @@ def read_image(path: str | os.PathLike, mode: str, size: int):
         try:
             converted = image.convert(mode).resize((size, size), Image.Resampling.BILINEAR)
             return np.asarray(converted, dtype=np.float32)
-        except _DECODE_ERRORS as exc:
+        except DECODE_ERRORS as exc:
             raise UserError(f"cannot read image {path}: {' '.join(str(exc).split())[:200]}") from None
 
 
@@ -77,7 +78,7 @@ def _problem(path: Path) -> tuple[str | None, str | None]:
         return mode, None
     except UserError as exc:
         return None, str(exc).removeprefix(f"cannot read image {path}: ")
-    except (*_DECODE_ERRORS, MemoryError) as exc:
+    except (*DECODE_ERRORS, MemoryError) as exc:
         return None, " ".join(str(exc).split())[:120] or type(exc).__name__
 
 
