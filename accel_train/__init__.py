@@ -1,3 +1,19 @@
-"""accel_train: one Accelerate training loop for every setup, from a laptop CPU to multi-node DDP."""
+"""accel_train: one Accelerate training loop for every setup, from a laptop CPU to multi-node DDP.
+
+``accel_train.train(model, train_dataset, eval_dataset, **options)`` trains your own module on your own
+data with that loop (:mod:`accel_train.api`); it is imported on first use, so ``import accel_train``
+stays cheap.
+"""
+
+from typing import Any
 
 __version__ = "0.1.0"
+__all__ = ["__version__", "train"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "train":
+        from accel_train.api import train
+
+        return train
+    raise AttributeError(f"module 'accel_train' has no attribute {name!r}")

@@ -6,6 +6,7 @@ earlier run is replaced.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -22,23 +23,26 @@ from accel_train.checkpoint.state import (
 from accel_train.config import TrainConfig, save_config
 from accel_train.data import build_dataset
 from accel_train.data.base import DataSplits
-from accel_train.data.pipeline import BatchNormalizer, BatchPlan, make_loader, plan_batches
+from accel_train.data.pipeline import BatchNormalizer, BatchPlan, make_loader, place_on_device, plan_batches
 from accel_train.errors import CheckpointError
+from accel_train.features import TrainFeatures, use_keyed_dropout
+from accel_train.features.device_batch import AUTO, fit_device_batch
 from accel_train.fsio import writing
 from accel_train.meters import Window
 from accel_train.metrics import load_metric
 from accel_train.models import check_model_name, create_model
 from accel_train.optim import build_optimizer, build_scheduler, replan_schedule
+from accel_train.preprocess import describe_training_images
 from accel_train.resume import check_extension
 from accel_train.run_dir import ABANDONED, CONFIG, RunDir
 from accel_train.run_plan import warn_about_run
-from accel_train.runtime import Runtime
-from accel_train.tracking import RunLogger
+from accel_train.runtime import Runtime, bf16_cpu_note, configure_backends
+from accel_train.tracking import RunLogger, tracker_names
 from accel_train.trainer import Trainer
 
 
 def build_trainer(
-    cfg: TrainConfig, rt: Runtime, run_dir: RunDir, resume_changes: dict[str, list[Any]] | None = None
+    cfg: TrainConfig, rt: Runtime, run_dir: RunDir, resume_changes: dict[str, list[Any]] | None = None, **given: Any
 ) -> Trainer:
     """Everything a run needs, prepared for this setup; the run folder is created and locked last.
 
@@ -50,14 +54,13 @@ def build_trainer(
     if resume_path is not None:
         branch_if_older(cfg, rt, run_dir, resume_path, move=False)  # refuse early, move only once all loaded
     with acc.main_process_first():  # downloads and caches happen once
-        splits = build_dataset(cfg.data_config())
+        splits = given.get("splits") or build_dataset(cfg.data_config())  # given: accel_train.train's data
         metric = load_metric("accuracy")
-    plan = plan_batches(
-        acc.num_processes, cfg.batch_size, cfg.grad_accum_steps, cfg.global_batch_size, cfg.max_device_batch
-    )
-    acc.gradient_accumulation_steps = plan.accum_steps
+    device_batch = None if cfg.max_device_batch == AUTO else cfg.max_device_batch  # auto: probed in _prepare
+    plan = plan_batches(acc.num_processes, cfg.batch_size, cfg.grad_accum_steps, cfg.global_batch_size, device_batch)
     lr = cfg.lr * plan.global_batch / cfg.batch_size if cfg.scale_lr else cfg.lr
-    model, optimizer, train_dl, eval_dl = _prepare(cfg, rt, splits, plan, lr)
+    model, optimizer, train_dl, eval_dl, chosen, plan, feats = _prepare(cfg, rt, splits, plan, lr, given.get("model"))
+    acc.gradient_accumulation_steps = plan.accum_steps
     steps_per_epoch = len(train_dl) // plan.accum_steps
     total_steps = cfg.max_steps or steps_per_epoch * cfg.epochs
     warn_about_run(cfg, rt, splits, total_steps)  # settings that never fire in a run this short
@@ -74,9 +77,10 @@ def build_trainer(
         "lr": lr,
         "total_steps": total_steps,
         "steps_per_epoch": steps_per_epoch,
+        **chosen,  # tf32, cudnn_benchmark, channels_last, data_on_device
     }
     meta = {"model_config": _model_config(cfg, splits), "config": cfg.to_dict(), "resolved": resolved}
-    state = _resume(cfg, rt, resume_path, scheduler, plan, total_steps) if resume_path else TrainState()
+    state = _resume(cfg, rt, resume_path, scheduler, plan, total_steps, feats) if resume_path else TrainState()
     _open_run_folder(cfg, rt, run_dir, resume_path, resolved)
     rt.print(  # before the progress bar exists, so the header does not end up on the bar's line
         f"accel_train: {cfg.model} on {cfg.dataset} ({len(splits.train)} train / {len(splits.test)} test) | "
@@ -85,6 +89,9 @@ def build_trainer(
         f"accel_train: {plan.describe()}; lr {lr:g}; {total_steps} steps ({steps_per_epoch}/epoch)"
         + (f"; resumed from {resume_path} at step {state.global_step}" if resume_path else "")
     )
+    bf16_note = bf16_cpu_note(acc.mixed_precision, acc.device.type)
+    if bf16_note:
+        rt.print(f"accel_train: bf16 on CPU: {bf16_note}")
     logger = RunLogger(acc, cfg.output_dir, total_steps, state.global_step, cfg.progress, cfg.report_to != "none")
     window = Window(acc.device)
     window.restore(state.extra.get("log_window"), acc.is_main_process)
@@ -99,23 +106,24 @@ def build_trainer(
         scheduler,
         train_dl,
         eval_dl,
-        normalizer=BatchNormalizer(info.mean, info.std, cfg.channels_last),
         plan=plan,
         info=info,
         total_steps=total_steps,
         steps_per_epoch=steps_per_epoch,
         logger=logger,
+        normalizer=BatchNormalizer(info.mean, info.std, chosen["channels_last"]),
         meta=meta,
         metric=metric,
         run_dir=run_dir,
         state=state,
         resume_path=resume_path,
+        features=feats,
         window=window,
     )
 
 
-def _prepare(cfg: TrainConfig, rt: Runtime, splits: DataSplits, plan: BatchPlan, lr: float):
-    """Model (identical init on every rank), optimizer and loaders, through ``accelerator.prepare``."""
+def _prepare(cfg: TrainConfig, rt: Runtime, splits: DataSplits, plan: BatchPlan, lr: float, model=None):
+    """Model (identical init on every rank; or ``model``, the caller's), optimizer and loaders, prepared."""
     from accelerate.utils import set_seed
 
     acc = rt.accelerator
@@ -123,29 +131,46 @@ def _prepare(cfg: TrainConfig, rt: Runtime, splits: DataSplits, plan: BatchPlan,
     if hasattr(splits.train, "augment_seed"):
         splits.train.augment_seed = cfg.seed
     info = splits.info
-    model = create_model(cfg.model, info.num_classes, info.in_channels, info.image_size)
+    if model is None:
+        model = create_model(cfg.model, info.num_classes, info.in_channels, info.image_size)
+    model, dropout = use_keyed_dropout(model, cfg.seed)  # masks keyed on the sample, the same on any setup
+    conv = any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+    backends = configure_backends(acc.device, acc.mixed_precision, cfg.tf32, cfg.channels_last, conv)
+    if cfg.max_device_batch == AUTO:  # probed before --sync-bn: no rank may wait in a collective meanwhile
+        shape = (info.in_channels, info.image_size, info.image_size)
+        plan = fit_device_batch(acc, model, plan, shape, dropout, even=cfg.mixup > 0 or cfg.cutmix > 0)
     if cfg.sync_bn:  # before DDP wrapping, which must see the synchronised layers
         from accel_train.sync_bn import apply_sync_bn
 
         model = apply_sync_bn(model, rt)
-    if cfg.channels_last:
+    if backends.channels_last:
         model = model.to(memory_format=torch.channels_last)
+    features = TrainFeatures.for_run(cfg, model, dropout, acc)  # --ema copies the model here, before it is wrapped
+    if features.mixer is not None:
+        features.mixer.check_micro_batch(plan.micro_batch)
     model = rt.prepare_model(model)  # --compile happens inside prepare, after DDP wrapping (runtime)
     optimizer = build_optimizer(cfg, model, lr)
     workers = 0 if splits.in_memory else cfg.num_workers  # in-memory batches are one index op
+    # in-memory splits that fit move to the GPU once: their batches are indexed and augmented there, unpinned
+    on_device = place_on_device([splits.train, splits.test], acc.device, cfg.data_on_device)
     pin = acc.device.type == "cuda"
     train_dl = make_loader(
         splits.train,
         plan.micro_batch,
         shuffle=True,
+        with_indices=True,  # (images, labels, global sample indices): mixup and dropout are keyed on them
         seed=cfg.seed,
         drop_to_multiple_of=plan.global_batch,
         num_workers=workers,
-        pin_memory=pin,
+        pin_memory=pin and splits.train not in on_device,
     )
     eval_batch = cfg.eval_batch_size or 2 * plan.micro_batch
-    eval_dl = make_loader(splits.test, eval_batch, shuffle=False, seed=cfg.seed, num_workers=workers, pin_memory=pin)
-    return acc.prepare(model, optimizer, train_dl, eval_dl)
+    eval_pin = pin and splits.test not in on_device
+    eval_dl = make_loader(
+        splits.test, eval_batch, shuffle=False, seed=cfg.seed, num_workers=workers, pin_memory=eval_pin
+    )
+    chosen = {**dataclasses.asdict(backends), "data_on_device": splits.train in on_device}
+    return (*acc.prepare(model, optimizer, train_dl, eval_dl), chosen, plan, features)
 
 
 def _model_config(cfg: TrainConfig, splits: DataSplits) -> dict[str, Any]:
@@ -160,14 +185,16 @@ def _model_config(cfg: TrainConfig, splits: DataSplits) -> dict[str, Any]:
         "std": list(info.std),
         "class_names": info.class_names,
         "dataset": cfg.dataset,
+        "preprocess": describe_training_images(splits.train, cfg.dataset),  # what accel-predict does to images
     }
 
 
 def _resume(
-    cfg: TrainConfig, rt: Runtime, resume_path: Path, scheduler, plan: BatchPlan, total_steps: int
+    cfg: TrainConfig, rt: Runtime, resume_path: Path, scheduler, plan: BatchPlan, total_steps: int, feats: TrainFeatures
 ) -> TrainState:
     acc = rt.accelerator
     state, progress, notes = load_checkpoint(acc, resume_path, scheduler, cfg.resume_inexact, cfg.seed)
+    feats.restore(state.extra, resume_path)  # EMA weights, early-stopping counter
     check_extension(cfg, state.global_step, total_steps)
     replan_schedule(scheduler, total_steps)
     for note in notes:
@@ -200,7 +227,7 @@ def _open_run_folder(
         # No config= here: TensorBoard's add_hparams writes a second, timestamped run into tb/ on every attempt,
         # so TensorBoard would show one run as two. The config goes in as text, into the run itself.
         acc.init_trackers("tb")
-        if rt.is_main and cfg.report_to in ("tensorboard", "all"):
+        if rt.is_main and "tensorboard" in tracker_names(cfg.report_to):
             text = (run_dir / CONFIG).read_text()
             acc.get_tracker("tensorboard", unwrap=True).add_text("config", f"```\n{text}\n```", 0)
 

@@ -30,7 +30,18 @@ from accel_train.limits import (
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("cosine", "constant", "linear", "step")
-REPORT_TO = ("tensorboard", "csv", "none", "all")
+
+
+class _TrackerChoices(tuple):
+    """``--report-to``'s own names, as ``--help`` lists them. argparse lets every text through (``in`` is
+    true), because the flag also takes comma-separated lists and any of accelerate's trackers:
+    ``validate`` checks it (``tracking.tracker_names``), with a message that names them all."""
+
+    def __contains__(self, value: object) -> bool:
+        return isinstance(value, str)
+
+
+REPORT_TO = _TrackerChoices(("tensorboard", "csv", "none", "all"))
 MIXED_PRECISION = ("no", "fp16", "bf16")
 
 
@@ -52,16 +63,17 @@ _POSITIVE = (
 _OPTIONAL_POSITIVE = (
     "max_steps",
     "global_batch_size",
-    "max_device_batch",
     "eval_batch_size",
     "image_size",
     "stop_at_step",
     "threads",
+    "early_stop_patience",
 )
 _NON_NEGATIVE = (
     "eval_every",
     "checkpoint_every",
     "num_workers",
+    "data_on_device",
     "warmup_steps",
     "weight_decay",
     "max_grad_norm",
@@ -80,7 +92,12 @@ _AT_MOST = {
 @dataclass
 class TrainConfig:
     # what to train
-    model: str = _f("lenet", "model name: mnist_cnn, lenet, resnet18, tv_resnet18")
+    model: str = _f(
+        "lenet",
+        "model: mnist_cnn, lenet, resnet18, tv_resnet18; tv:NAME for any torchvision classifier (e.g. "
+        "tv:mobilenet_v3_small, random weights); package.module:callable for your own code, called as "
+        "callable(num_classes=, in_channels=, image_size=)",
+    )
     dataset: str = _f("digits", "dataset: digits, synthetic, mnist, fashion_mnist, cifar10, imagefolder:DIR, hf:NAME")
     data_dir: str = _f("data", "root folder of on-disk datasets (torchvision layouts)")
     download: bool = _f(False, "download mnist/fashion_mnist/cifar10 with torchvision if missing (needs network)")
@@ -96,7 +113,12 @@ class TrainConfig:
     global_batch_size: int | None = _f(
         None, "fix the optimizer batch across setups; micro-batch and accumulation are derived"
     )
-    max_device_batch: int | None = _f(None, "with --global-batch-size: largest micro-batch one device takes")
+    max_device_batch: int | str | None = _f(
+        None,
+        "largest micro-batch one device takes (with --global-batch-size), or auto: the largest that fits in "
+        "device memory, probed at start and agreed by all processes; the global batch is kept, accumulation derived",
+        parse="int_or_auto",
+    )
     grad_accum_steps: int = _f(1, "gradient accumulation steps (derived when --global-batch-size is set)")
     scale_lr: bool = _f(False, "scale lr linearly: lr * global_batch / batch_size")
     lr: float = _f(2e-3, "peak learning rate")
@@ -112,13 +134,35 @@ class TrainConfig:
     max_grad_norm: float = _f(1.0, "clip gradients to this norm (0 disables)")
     mixed_precision: str | None = _f(None, "override the accelerate config's mixed precision", choices=MIXED_PRECISION)
     seed: int = _f(42, "random seed (data order, init, dropout)")
+    # training features
+    label_smoothing: float = _f(0.0, "label smoothing of the cross-entropy loss, e.g. 0.1 (0: off)")
+    mixup: float = _f(
+        0.0, "mixup: blend each sample with its neighbour in the batch by lam ~ Beta(ALPHA, ALPHA), e.g. 0.2 (0: off)"
+    )
+    cutmix: float = _f(
+        0.0,
+        "cutmix: paste a box of the neighbour's image, its area from Beta(ALPHA, ALPHA), e.g. 1.0 (0: off); with "
+        "--mixup each sample gets one of the two",
+    )
+    ema: float | None = _f(
+        None, "keep an EMA of the weights with this decay, e.g. 0.999: evaluated (eval_ema_*), exported to model_ema/"
+    )
+    early_stop_patience: int | None = _f(
+        None, "stop after this many evaluations in a row without a better eval_accuracy (unset: off)"
+    )
+    early_stop_min_delta: float = _f(0.0, "with --early-stop-patience: how much eval_accuracy must improve to count")
     # evaluation, logging, output
     eval_every: int = _f(0, "also evaluate every N optimizer steps (0: only at epoch ends)")
     eval_batch_size: int | None = _f(None, "evaluation batch per process (default: 2 x micro-batch)")
     log_every: int = _f(10, "log train metrics every N optimizer steps (the only host syncs in the loop)")
     output_dir: str = _f("runs/default", "run directory")
     overwrite: bool = _f(False, "replace an existing run in --output-dir")
-    report_to: str = _f("tensorboard", "trackers besides metrics.jsonl", choices=REPORT_TO)
+    report_to: str = _f(
+        "tensorboard",
+        "trackers besides metrics.jsonl (all: tensorboard and csv), or any of accelerate's trackers (mlflow, "
+        "wandb, aim, ...: their package installed); several comma-separated, e.g. csv,mlflow",
+        choices=REPORT_TO,
+    )
     progress: bool = _f(True, "progress bars (plain lines when stdout is not a TTY)")
     plots: bool = _f(True, "write curves.png at the end")
     # checkpoints
@@ -139,7 +183,13 @@ class TrainConfig:
     # performance
     num_workers: int = _f(0, "DataLoader workers for datasets that are not held in memory")
     threads: int | None = _f(None, "torch threads per process (default: cores / local processes)")
-    channels_last: bool = _f(False, "use channels_last memory format")
+    channels_last: bool | None = _f(
+        None, "channels_last memory format (default: on for conv models under bf16/fp16 on CUDA)"
+    )
+    tf32: bool = _f(True, "TF32 for fp32 matmuls and convolutions on Ampere+ GPUs (--no-tf32: full fp32)")
+    data_on_device: float = _f(
+        0.25, "hold in-memory datasets on the GPU when they fit in this fraction of its memory (0: keep on host)"
+    )
     compile: bool = _f(False, "torch.compile the model (checkpoints stay unwrapped)")
     sync_bn: bool = _f(
         False,
@@ -186,6 +236,7 @@ class TrainConfig:
         self._check_schedule()
         self._check_limits()
         self._check_image_size()
+        self._check_features()
 
     def _check_limits(self) -> None:
         """Every number finite and within what torch/numpy hold, every text non-empty and without NUL bytes."""
@@ -236,13 +287,16 @@ class TrainConfig:
             ) from None
 
     def _check_choices_and_combinations(self) -> None:
-        for name in ("optimizer", "lr_schedule", "report_to", "mixed_precision"):
+        _check_report_to(self.report_to)
+        for name in ("optimizer", "lr_schedule", "mixed_precision"):
             choices = _choices(name)
             value = getattr(self, name)
             if value is not None and value not in choices:
                 raise UserError(f"--{_flag(name)} {value!r} is not one of: {', '.join(choices)}")
-        if self.max_device_batch is not None and self.global_batch_size is None:
-            raise UserError("--max-device-batch only applies with --global-batch-size G; set G or drop it")
+        if isinstance(self.max_device_batch, int) and self.global_batch_size is None:
+            raise UserError(
+                "--max-device-batch only applies with --global-batch-size G (auto works alone); set G or drop it"
+            )
         if self.global_batch_size is not None and self.grad_accum_steps != 1:
             raise UserError("--grad-accum-steps is derived when --global-batch-size is set; drop one of the two")
         if self.extend and self.resume == "none":
@@ -250,6 +304,19 @@ class TrainConfig:
         if self.resume not in ("auto", "none") and not _exists(self.resume):
             raise UserError(f"--resume {self.resume!r}: no such checkpoint; use 'auto', 'none' or an existing path")
         _check_names(self.model, self.dataset)
+
+    def _check_features(self) -> None:
+        """The training features' values (accel_train.features)."""
+        device_batch = self.max_device_batch
+        if device_batch not in (None, "auto") and (not isinstance(device_batch, int) or device_batch < 1):
+            raise UserError(f"--max-device-batch must be >= 1 or auto (or unset), got {device_batch!r}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise UserError(f"--label-smoothing must be in [0, 1), e.g. 0.1, got {self.label_smoothing}")
+        for name in ("mixup", "cutmix", "early_stop_min_delta"):
+            if getattr(self, name) < 0:
+                raise UserError(f"--{_flag(name)} must be >= 0 (0: off), got {getattr(self, name)}")
+        if self.ema is not None and not 0.0 < self.ema < 1.0:
+            raise UserError(f"--ema is the decay of the average, between 0 and 1 (e.g. 0.999), got {self.ema}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -269,6 +336,14 @@ def _check_names(model: str, dataset: str) -> None:
     check_dataset_name(dataset)
 
 
+def _check_report_to(report_to: str) -> None:
+    """Known tracker names whose packages are installed (imports accelerate only for names beyond csv/none)."""
+    if report_to not in ("none", "csv"):
+        from accel_train.tracking import check_installed, tracker_names
+
+        check_installed(tracker_names(report_to))
+
+
 def _exists(path: str) -> bool:
     try:
         return Path(path).exists()
@@ -282,6 +357,31 @@ def _flag(name: str) -> str:
 
 def _choices(name: str) -> tuple[str, ...]:
     return next(f.metadata["choices"] for f in fields(TrainConfig) if f.name == name)
+
+
+def int_or_auto(text: str) -> int | str:
+    """``--max-device-batch``: a number, or ``auto`` (argparse and the YAML reader say what else was given)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a number or auto, got {text!r}") from None
+
+
+_PARSERS = {"int_or_auto": int_or_auto}  # fields whose flags take more than their type (metadata "parse")
+
+
+def is_parsed_text(f: dataclasses.Field, value: Any) -> bool:
+    """Whether ``value`` is text that field ``f``'s own parser takes (``max_device_batch: auto``)."""
+    parse = _PARSERS.get(f.metadata.get("parse"))
+    if parse is None or not isinstance(value, str):
+        return False
+    try:
+        parse(value)
+    except argparse.ArgumentTypeError:
+        return False
+    return True
 
 
 def _field_type(f: dataclasses.Field) -> type:
@@ -308,7 +408,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         if typ is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
-            kwargs["type"] = typ
+            kwargs["type"] = _PARSERS.get(f.metadata.get("parse"), typ)
         if "choices" in f.metadata:
             kwargs["choices"] = f.metadata["choices"]
         elif typ is not bool:

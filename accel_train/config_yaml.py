@@ -7,6 +7,7 @@ deep nesting and alias bombs (counted on the parse events, before any object is 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import math
@@ -15,7 +16,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from accel_train.config import TrainConfig, _field_type
+from accel_train.config import _PARSERS, TrainConfig, _field_type
 from accel_train.errors import UserError
 from accel_train.limits import check_regular_file
 
@@ -87,7 +88,7 @@ def load_yaml_config(path: str | Path) -> dict[str, Any]:
                 f"--config {path}: {key}: {written} was read as {_short_repr(value)}, not as text; "
                 f"quote it: {key}: '{written}'"
             )
-        out[key] = _coerce(path, key, value, known[key])
+        out[key] = _coerce_parsed(path, key, value, known[key])
     return out
 
 
@@ -277,6 +278,17 @@ def _short_repr(value: Any, limit: int = 80) -> str:
     except Exception:  # e.g. an int too long for str()
         text = f"<{type(value).__name__}>"
     return _clip(text, 2 * limit)
+
+
+def _coerce_parsed(path: Path, key: str, value: Any, f: dataclasses.Field) -> Any:
+    """Text for a field with its own parser (``max_device_batch: auto``) goes through it; the rest to ``_coerce``."""
+    parse = _PARSERS.get(f.metadata.get("parse"))
+    if parse is None or not isinstance(value, str):
+        return _coerce(path, key, value, f)
+    try:
+        return parse(value)
+    except argparse.ArgumentTypeError:
+        raise UserError(f"--config {path}: {key} must be a number or auto, got {_short_repr(value)}") from None
 
 
 def _coerce(path: Path, key: str, value: Any, f: dataclasses.Field) -> Any:

@@ -88,7 +88,7 @@ def run_evaluation(
     acc = rt.accelerator
     with acc.main_process_first():
         splits = build_dataset(cfg.data_config(), test_only=True, download_hint=FETCH_HINT)
-        metric = load_metric("accuracy")
+    metric = load_metric("accuracy")  # writes nothing, on no rank: see accel_train.metrics
     info = splits.info
     if info.num_classes != model_config["num_classes"] or info.in_channels != model_config["in_channels"]:
         raise UserError(

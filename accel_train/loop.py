@@ -12,22 +12,27 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from accel_train.build import build_trainer
 from accel_train.checkpoint.state import read_progress, resolve_resume
 from accel_train.config import TrainConfig
 from accel_train.resume import finished_note, reconcile
 from accel_train.run_dir import SUMMARY, RunDir
-from accel_train.runtime import build_runtime
-from accel_train.tracking import trackers_for
-from accel_train.trainer import WARMUP_STEPS_EXCLUDED
 
-__all__ = ["WARMUP_STEPS_EXCLUDED", "fit"]
+if TYPE_CHECKING:
+    from torch import nn
+
+    from accel_train.data.base import DataSplits
+
+__all__ = ["fit"]
 
 
-def fit(cfg: TrainConfig) -> dict[str, Any]:
-    """Train, evaluate, checkpoint and export according to ``cfg``; returns the summary."""
+def fit(cfg: TrainConfig, *, model: nn.Module | None = None, splits: DataSplits | None = None) -> dict[str, Any]:
+    """Train, evaluate, checkpoint and export according to ``cfg``; returns the summary.
+
+    ``model``/``splits``: the caller's own module and data instead of ``cfg.model``/``cfg.dataset``
+    (see :func:`accel_train.api.train`).
+    """
     t_launch = time.perf_counter()
     run_dir = RunDir(cfg.output_dir)
     run_dir.check(cfg.resume, cfg.overwrite)  # before anything is loaded or written
@@ -38,9 +43,15 @@ def fit(cfg: TrainConfig) -> dict[str, Any]:
         if os.environ.get("RANK", "0") == "0":
             print(finished, flush=True)
         return {"finished": True}
+    # torch, accelerate and the data libraries load only now: a refused folder or a finished run answers in
+    # well under a second instead of after seconds of imports
+    from accel_train.build import build_trainer
+    from accel_train.runtime import build_runtime
+    from accel_train.tracking import trackers_for
+
     rt = build_runtime(cfg, log_with=trackers_for(cfg.report_to, cfg.output_dir) or None)
     try:
-        return build_trainer(cfg, rt, run_dir, changes).fit(t_launch)
+        return build_trainer(cfg, rt, run_dir, changes, model=model, splits=splits).fit(t_launch)
     except BaseException:
         if rt.is_main and run_dir.restore_replaced():
             print(

@@ -7,11 +7,13 @@
   ``--stop-at-step``, ``--branch``, ``--resume-inexact``, ``--extend``, ``--debug``;
 * **safe** (they change how a run is watched, saved or computed, not what it learns): logging,
   evaluation and checkpoint cadence, trackers, threads, data workers, the data folder, the
-  process-group timeout, precision, ``--compile``, ``--channels-last``, ``--sync-bn``. Not given,
+  process-group timeout, precision, ``--compile``, ``--channels-last``, ``--sync-bn``, early stopping
+  (``--early-stop-patience``/``--early-stop-min-delta``: its counter is in the checkpoint). Not given,
   they keep the saved value; given, they take effect and are recorded in the ``resume`` event;
 * **the experiment** (everything else: model, data, batch, optimizer, LR and schedule, seed,
-  length): a different value is refused with one line naming the flag, except the length
-  (``--epochs``/``--max-steps``), which ``--extend`` may make longer.
+  length, ``--ema``, ``--label-smoothing``, ``--mixup``, ``--cutmix``): a different value is refused
+  with one line naming the flag, except the length (``--epochs``/``--max-steps``), which
+  ``--extend`` may make longer.
 
 An extended run keeps its schedule's shape *as if it had been planned for the new length from
 the start*: the LR is a pure function of (step, total steps), so after 352 of a planned 352 cosine
@@ -50,6 +52,13 @@ SAFE = frozenset(
         "compile",
         "channels_last",
         "sync_bn",
+        # where the data lives and how the GPU does fp32 math: speed, not what is learned (tf32 rounds
+        # matmul inputs, like mixed_precision, which may change too)
+        "tf32",
+        "data_on_device",
+        # when the run stops, not what a step learns (like --eval-every, which also decides when it is evaluated)
+        "early_stop_patience",
+        "early_stop_min_delta",
     }
 )
 LENGTH = frozenset({"epochs", "max_steps"})

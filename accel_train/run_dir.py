@@ -39,11 +39,14 @@ METRICS = "metrics.jsonl"
 METRICS_CSV = "metrics.csv"
 SUMMARY = "summary.json"
 MODEL = "model"
+MODEL_EMA = "model_ema"  # --ema: the averaged weights, exported beside model/
 BEST = "best"
 CURVES = "curves.png"
 CONFUSION_JSON = "confusion.json"
 CONFUSION_PNG = "confusion.png"
 TENSORBOARD = "tb"
+MLRUNS = "mlruns"  # --report-to mlflow without MLFLOW_TRACKING_URI
+TRACKER_FOLDERS = (MLRUNS, "aim", "dvclive")  # trackers that keep local files in the run folder (tracking.py)
 #: Everything a run writes at the top of its folder (TensorBoard files of older versions are matched by glob).
 OUTPUTS = (
     MARKER,
@@ -53,11 +56,13 @@ OUTPUTS = (
     SUMMARY,
     CHECKPOINT_DIR,
     MODEL,
+    MODEL_EMA,
     BEST,
     CURVES,
     CONFUSION_JSON,
     CONFUSION_PNG,
     TENSORBOARD,
+    *TRACKER_FOLDERS,
     ABANDONED,
 )
 _LEGACY_EVENTS = "events.out.tfevents.*"

@@ -14,6 +14,7 @@ It also owns what Accelerate does not do for us (measured with accelerate
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -55,8 +56,8 @@ def check_launch(env: dict[str, str] | os._Environ = os.environ) -> None:
     asked_for_many = env.get("ACCELERATE_USE_CPU") is not None and env.get("MASTER_PORT") is not None
     if asked_for_many and launched_world_size(env) == 1:
         raise LaunchError(
-            "the accelerate config asked for several CPU processes (distributed_type MULTI_CPU) but "
-            "accelerate started only one, because mpirun is not set up. Use "
+            "the accelerate config asked for several CPU processes (distributed_type MULTI_CPU, or 'NO' with "
+            "num_processes > 1) but accelerate started only one, because mpirun is not set up. Use "
             "accelerate_configs/multi_cpu.yaml (torchrun-based gloo DDP), or set num_processes: 1"
         )
 
@@ -111,6 +112,43 @@ def should_use_data_parallel(distributed_type: str, device_type: str, cuda_devic
 def fp16_ignored(mixed_precision: str | None, device_type: str) -> bool:
     """accelerate silently trains in fp32 when fp16 is asked for on CPU."""
     return mixed_precision == "fp16" and device_type == "cpu"
+
+
+def cpu_bf16_kind(cpuinfo: str | None = None) -> str:
+    """What this CPU does with bf16 matmuls: ``amx`` (tile units: bf16 GEMM several times fp32), ``avx512_bf16``
+    (bf16 dot-product instructions only: bf16 is usually SLOWER than fp32 end to end), ``none`` (bf16 is emulated),
+    or ``unknown`` (no /proc/cpuinfo, e.g. macOS). Read from the kernel's CPU flags; no measurement."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                cpuinfo = f.read(1 << 20)
+        except OSError:
+            return "unknown"
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.partition(":")[2].split())
+            break
+    if not flags:
+        return "unknown"
+    if "amx_bf16" in flags:
+        return "amx"
+    return "avx512_bf16" if "avx512_bf16" in flags else "none"
+
+
+BF16_ON_CPU = {
+    "amx": "this CPU has AMX: bf16 matmuls run several times faster than fp32",
+    "avx512_bf16": "this CPU has AVX512-BF16 but no AMX: bf16 is usually slower than fp32 here; prefer fp32",
+    "none": "this CPU has no bf16 instructions: bf16 is emulated and slower than fp32; prefer fp32",
+    "unknown": "cannot tell whether this CPU runs bf16 faster than fp32 (no /proc/cpuinfo)",
+}
+
+
+def bf16_cpu_note(mixed_precision: str | None, device_type: str, kind: str | None = None) -> str | None:
+    """One line for the run header and the doctor when bf16 runs on a CPU; None otherwise."""
+    if mixed_precision != "bf16" or device_type != "cpu":
+        return None
+    return BF16_ON_CPU[kind or cpu_bf16_kind()]
 
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -172,6 +210,36 @@ def check_gpu_count(env: dict[str, str] | os._Environ = os.environ, cuda_count: 
             f"pass --num_processes {cuda_count} to accelerate launch (times the number of machines), "
             "or set num_processes in the config"
         )
+
+
+@dataclass(frozen=True)
+class Backends:
+    """What :func:`configure_backends` chose for this process (recorded in the run's resolved config)."""
+
+    tf32: bool
+    cudnn_benchmark: bool
+    channels_last: bool
+
+
+def configure_backends(
+    device: torch.device, mixed_precision: str | None, tf32: bool, channels_last: bool | None, conv_model: bool
+) -> Backends:
+    """CUDA settings a run wants: TF32 for fp32 matmuls and convolutions on Ampere+ (unless ``tf32`` is False),
+    ``cudnn.benchmark`` (the image loaders give fixed shapes; off when deterministic algorithms are asked for),
+    and channels_last (``None``: on for conv models under bf16/fp16 on CUDA, where tensor cores want NHWC).
+    On other devices only ``channels_last`` is decided, and nothing global changes."""
+    cuda = device.type == "cuda"
+    if channels_last is None:
+        channels_last = cuda and conv_model and mixed_precision in ("bf16", "fp16")
+    if not cuda:
+        return Backends(tf32=False, cudnn_benchmark=False, channels_last=channels_last)
+    overridden = os.environ.get("NVIDIA_TF32_OVERRIDE") == "0"  # the driver's switch wins over torch's flags
+    use_tf32 = tf32 and not overridden and torch.cuda.get_device_capability(device)[0] >= 8
+    torch.backends.cuda.matmul.allow_tf32 = use_tf32
+    torch.backends.cudnn.allow_tf32 = use_tf32  # (cuDNN's own default is on: --no-tf32 must turn it off)
+    benchmark = not (torch.are_deterministic_algorithms_enabled() or torch.backends.cudnn.deterministic)
+    torch.backends.cudnn.benchmark = benchmark
+    return Backends(tf32=use_tf32, cudnn_benchmark=benchmark, channels_last=channels_last)
 
 
 def local_world_size(env: dict[str, str] | os._Environ = os.environ) -> int:
@@ -247,12 +315,25 @@ class Runtime:
         self.accelerator.end_training()
 
 
+def _cache_per_step_package_lookups() -> None:
+    """accelerate's ``AcceleratedOptimizer.step`` asks ``is_lomo_available()`` twice per step, and each ask is a
+    package-metadata lookup (about 460 us per step here, the size of a small model's whole GPU step). Installed
+    packages do not change during a run, so the answer is cached for the process. Idempotent."""
+    import accelerate.optimizer
+
+    check = accelerate.optimizer.is_lomo_available
+    if not hasattr(check, "cache_info"):
+        accelerate.optimizer.is_lomo_available = functools.cache(check)
+
+
 def build_runtime(cfg: TrainConfig, log_with: list | None = None) -> Runtime:
     """Build THE Accelerator for this process from the launcher's environment and ``cfg``."""
     from accelerate import Accelerator, DataLoaderConfiguration, InitProcessGroupKwargs
     from accelerate.utils import ProjectConfiguration, TorchDynamoPlugin
 
     from accel_train.elastic import relaunch_as_ranks
+
+    _cache_per_step_package_lookups()
 
     relaunch_as_ranks()  # a MULTI_CPU config's lone process becomes the launcher of its N ranks (execve)
     check_launch()  # the MULTI_CPU cases it cannot start (several machines, no accelerate parent)

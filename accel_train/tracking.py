@@ -1,7 +1,8 @@
 """What the user sees and keeps of a run: metrics.jsonl, trackers, progress.
 
-Only the main process writes or prints. ``metrics.jsonl`` is always written;
-TensorBoard and CSV go through ``accelerator.init_trackers``/``accelerator.log``.
+Only the main process writes or prints. ``metrics.jsonl`` is always written; the trackers
+``--report-to`` names (CSV, TensorBoard, and any of accelerate's: MLflow, W&B, Aim, ...) go through
+``accelerator.init_trackers``/``accelerator.log``, with their local files in the run folder.
 """
 
 from __future__ import annotations
@@ -14,9 +15,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from accelerate.tracking import GeneralTracker, on_main_process
+from accelerate.tracking import GeneralTracker, MLflowTracker, on_main_process
 
+from accel_train.errors import UserError
 from accel_train.fsio import append_line
+from accel_train.run_dir import MLRUNS
+
+PROJECT = "accel_train"  # the project/experiment name trackers file a run under
+ALL_TRACKERS = ("tensorboard", "csv")  # --report-to all: the two that need no account and no extra package
+PIP_PACKAGES = {"comet_ml": "comet-ml"}  # where the pip package is not named like the tracker
 
 
 class CSVTracker(GeneralTracker):
@@ -56,11 +63,87 @@ class CSVTracker(GeneralTracker):
                 csv.DictWriter(fh, fieldnames=self._fields).writerow(row)
 
 
-def trackers_for(report_to: str, output_dir: str) -> list:
-    if report_to == "none":
-        return []
-    names = ["tensorboard", "csv"] if report_to == "all" else [report_to]
-    return [CSVTracker("accel_train", output_dir) if n == "csv" else n for n in names]
+class RunFolderMLflowTracker(MLflowTracker):
+    """accelerate's MLflow tracker, keeping the run in ``<run folder>/mlruns`` unless ``MLFLOW_TRACKING_URI``
+    names a server or a database: no server to start, and ``mlflow-skinny`` is enough.
+    ``mlflow ui --backend-store-uri <run folder>/mlruns`` shows it."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        super().__init__(experiment_name=PROJECT, run_name=Path(run_dir).name)
+        self.store = Path(run_dir).absolute() / MLRUNS
+
+    @on_main_process
+    def start(self) -> None:
+        import mlflow
+
+        if not os.environ.get("MLFLOW_TRACKING_URI"):
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 opens file stores only when asked
+            mlflow.set_tracking_uri(self.store.as_uri())
+        super().start()
+
+
+def accelerate_trackers() -> list[str]:
+    """The tracker names accelerate knows: its own (``LoggerType``) and any added by ``register_tracker_class``."""
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS
+
+    return sorted(LOGGER_TYPE_TO_CLASS)
+
+
+def tracker_names(report_to: str) -> list[str]:
+    """``--report-to`` as tracker names: comma-separated, ``all`` = tensorboard + csv, ``none`` alone = []."""
+    names: list[str] = []
+    for name in (part.strip() for part in report_to.split(",")):
+        if name == "none" and report_to.strip() == "none":
+            return []
+        if name == "all":
+            names += [n for n in ALL_TRACKERS if n not in names]
+        elif name in ALL_TRACKERS or name in accelerate_trackers():
+            names += [name] if name not in names else []
+        else:
+            known = ", ".join(["none", "all", "csv", *accelerate_trackers()])
+            why = "'none' cannot be combined with other trackers" if name == "none" else f"unknown tracker {name!r}"
+            raise UserError(f"--report-to {report_to!r}: {why}; use one or more of {known}, comma-separated")
+    return names
+
+
+def check_installed(names: list[str]) -> None:
+    """A one-line UserError naming the pip package of the first chosen tracker that is not installed.
+
+    accelerate itself drops such a tracker with a debug message only, and the run would log nowhere."""
+    from accelerate.tracking import get_available_trackers
+    from accelerate.utils import LoggerType
+
+    available = {str(t) for t in get_available_trackers()}
+    for name in names:
+        if name in LoggerType.list() and name not in available:
+            package = PIP_PACKAGES.get(name, name)
+            raise UserError(f"--report-to {name} needs the {package} package: pip install {package} (or drop {name})")
+
+
+def trackers_for(report_to: str, output_dir: str | os.PathLike) -> list:
+    """``Accelerator(log_with=...)`` for ``--report-to``, checked (names, packages) before the run starts.
+
+    TensorBoard goes by name (accelerate writes it to ``<output_dir>/tb``); the others are built here, so
+    that they file the run under :data:`PROJECT` and keep their local files in the run folder."""
+    names = tracker_names(report_to)
+    check_installed(names)
+    return [_tracker(name, Path(output_dir)) for name in names]
+
+
+def _tracker(name: str, run_dir: Path):
+    if name == "tensorboard":
+        return name
+    if name == "csv":
+        return CSVTracker(PROJECT, run_dir)
+    if name == "mlflow":
+        return RunFolderMLflowTracker(run_dir)
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS
+
+    cls = LOGGER_TYPE_TO_CLASS[name]
+    kwargs = {"dir": str(run_dir / name)} if name == "dvclive" else {}  # else DVCLive writes ./dvclive
+    if cls.requires_logging_directory:  # Aim, and trackers registered with register_tracker_class
+        return cls(PROJECT, str(run_dir / name), **kwargs)
+    return cls(PROJECT, **kwargs)
 
 
 class RunLogger:

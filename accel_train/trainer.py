@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from accel_train.checkpoint.state import CHECKPOINT_DIR, TrainState, save_checkpoint
 from accel_train.config import TrainConfig
@@ -27,9 +26,10 @@ from accel_train.data.base import DatasetInfo
 from accel_train.data.pipeline import BatchNormalizer, BatchPlan
 from accel_train.errors import NonFiniteLossError
 from accel_train.evaluation import evaluate_model
+from accel_train.features import TrainFeatures
 from accel_train.fsio import write_json_atomic
 from accel_train.meters import StepTimer, Window
-from accel_train.run_dir import BEST, CONFUSION_JSON, CONFUSION_PNG, MODEL, SUMMARY, RunDir
+from accel_train.run_dir import BEST, CONFUSION_JSON, CONFUSION_PNG, MODEL, MODEL_EMA, SUMMARY, RunDir
 from accel_train.runtime import Runtime
 from accel_train.tracking import RunLogger
 
@@ -39,11 +39,14 @@ WARMUP_STEPS_EXCLUDED = 5  # steady-state throughput ignores the first steps (al
 
 
 class StopTraining(Exception):
-    """Raised inside the epoch loop to stop at a step boundary (stop-at-step, SIGTERM/SIGINT)."""
+    """Raised inside the epoch loop to stop at a step boundary (stop-at-step, SIGTERM/SIGINT, early stopping).
 
-    def __init__(self, reason: str):
+    ``final``: the run is over (early stopping), so it is evaluated, exported and summarised as a finished run.
+    """
+
+    def __init__(self, reason: str, final: bool = False):
         super().__init__(reason)
-        self.reason = reason
+        self.reason, self.final = reason, final
 
 
 def _give_up(signum: int) -> None:
@@ -85,6 +88,7 @@ class Trainer:
     run_dir: RunDir
     state: TrainState
     resume_path: Path | None = None
+    features: TrainFeatures = field(default_factory=TrainFeatures)  # EMA, mixup, label smoothing, early stop
     timer: StepTimer = field(default_factory=StepTimer)
     window: Window | None = None
     stop_signal: int | None = None
@@ -116,24 +120,27 @@ class Trainer:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         stopped = None
         try:
+            self._stop_if_stopped_early()
             while state.global_step < self.total_steps and state.epoch < epochs:
                 self.train_epoch()
                 if state.step_in_epoch >= self.steps_per_epoch:  # the epoch is complete
                     state.epoch += 1
                     state.step_in_epoch = 0
-                    self.log_eval(self.evaluate())
+                    early = self._evaluate_in_training()
                     self.logger.event("epoch", state.global_step, state.epoch)
+                    if early:
+                        raise StopTraining(early, final=True)
                     if cfg.checkpoint_epochs:
                         self.checkpoint()
             # a run that ends mid-epoch (--max-steps) still leaves a resumable final state
             if (cfg.checkpoint_epochs or cfg.checkpoint_every) and state.step_in_epoch:
                 self.checkpoint()
         except StopTraining as stop:
-            stopped = stop.reason
+            stopped = stop
             self.checkpoint()
+            then = "the run is complete" if stop.final else "continue with --resume auto"
             self.logger.write(
-                f"accel_train: stopped at step {state.global_step} ({stop.reason}); checkpoint saved, "
-                f"continue with --resume auto"
+                f"accel_train: stopped at step {state.global_step} ({stop.reason}); checkpoint saved, {then}"
             )
         finally:
             for s, handler in previous.items():
@@ -141,12 +148,25 @@ class Trainer:
             for timer in self._watchdog:
                 timer.cancel()
             self.logger.close()
-        if stopped:  # a signal's stop exits 128 + signal (130 SIGINT, 143 SIGTERM); --stop-at-step exits 0
-            summary = {"stopped": stopped, "global_step": state.global_step, "exit_code": self.exit_code}
+        if stopped and not stopped.final:  # a signal's stop exits 128 + signal (130 SIGINT, 143 SIGTERM)
+            summary = {"stopped": stopped.reason, "global_step": state.global_step, "exit_code": self.exit_code}
         else:
-            summary = self.finish(t_launch)
+            summary = self.finish(t_launch, stopped.reason if stopped else None)
         self.rt.end()
         return summary
+
+    def _stop_if_stopped_early(self) -> None:
+        """A resumed run that had stopped early (and is resumed with the same patience) is over: finish it."""
+        reason = self.features.stopped_early()
+        if reason:
+            self.last_saved = (self.state.global_step, self.state.epoch)  # its checkpoint is the one resumed from
+            raise StopTraining(reason, final=True)
+
+    def _evaluate_in_training(self) -> str | None:
+        """Evaluate and log; returns the early-stopping reason when this evaluation ends the run."""
+        result = self.evaluate()
+        self.log_eval(result)
+        return self.features.observe_eval(result, self.state.global_step)
 
     def _wait_for_device(self) -> None:
         """Steps queued on a GPU since the last host sync belong in the throughput: wait for them."""
@@ -178,11 +198,11 @@ class Trainer:
         bad = torch.zeros((), device=acc.device)
         self._last_log = (time.perf_counter(), state.samples_seen)
         self._t_prev = time.perf_counter()
-        for images, labels in loader:
+        for images, labels, indices in loader:
             t_data = time.perf_counter()
             with acc.accumulate(model):
-                logits = model(self.normalizer(images))
-                loss = F.cross_entropy(logits.float(), labels)
+                # loss with --label-smoothing, --mixup/--cutmix; dropout masks keyed on the samples' indices
+                logits, loss = self.features.forward(model, self.normalizer(images), labels, indices, state.epoch)
                 acc.backward(loss)
                 skip = False
                 if cfg.skip_nonfinite:  # opt-in: one small all-reduce per optimizer step
@@ -234,6 +254,7 @@ class Trainer:
             state.fp16_skipped_steps += 1
         else:
             self.scheduler.step()
+            self.features.after_optimizer_step()  # --ema
         state.global_step += 1
         state.step_in_epoch += 1
         state.samples_seen += self.plan.global_batch
@@ -244,13 +265,14 @@ class Trainer:
             self._log_train()
         elif save_now:  # never checkpoint a NaN state: check (and keep) the open window first
             self.check_finite(self.window.reduce(self.acc)[0])
-        if cfg.eval_every and state.global_step % cfg.eval_every == 0:
-            self.log_eval(self.evaluate())
-        if save_now:
+        early = self._evaluate_in_training() if cfg.eval_every and state.global_step % cfg.eval_every == 0 else None
+        if early:  # the run ends here: check the open window as for any save
+            self.check_finite(self.window.reduce(self.acc)[0])
+        if save_now or early:
             self.checkpoint()
         self._account(t_data, optimizer_step=True)
-        if reason:
-            raise StopTraining(reason)
+        if reason or early:
+            raise StopTraining(early or reason, final=bool(early))
 
     def _log_train(self) -> None:
         state = self.state
@@ -308,9 +330,12 @@ class Trainer:
 
     # ---- evaluation, checkpoints, exports ------------------------------------------------------------------
     def evaluate(self, with_confusion: bool = False) -> dict[str, Any]:
-        return evaluate_model(
-            self.acc, self.model, self.eval_dl, self.normalizer, self.metric, self.info.num_classes, with_confusion
-        )
+        """The model's eval metrics; with ``--ema`` also the average's, as ``eval_ema_accuracy``, ``eval_ema_loss``."""
+        args = (self.eval_dl, self.normalizer, self.metric, self.info.num_classes)
+        result = evaluate_model(self.acc, self.model, *args, with_confusion)
+        if self.features.ema is not None:
+            result.update(self.features.ema_results(evaluate_model(self.acc, self.features.ema.module, *args)))
+        return result
 
     def log_eval(self, result: dict[str, Any]) -> None:
         state = self.state
@@ -327,6 +352,7 @@ class Trainer:
         if self.last_saved == position:  # e.g. --checkpoint-every fired on the step we stop at
             return
         state.extra["log_window"] = self.window.reduce(self.acc)
+        state.extra.update(self.features.checkpoint_extra())  # EMA updates, early-stopping counter
         path = save_checkpoint(
             self.acc,
             cfg.output_dir,
@@ -336,6 +362,7 @@ class Trainer:
             scheduler_state=self.scheduler.state_dict(),
             # the checkpoint this run resumed from stays until the run has saved --keep-last of its own
             protect=self.resume_path if self.saves + 1 < cfg.keep_last else None,
+            tensors=self.features.checkpoint_files(),  # --ema: ema.safetensors
         )
         self.saves += 1
         if self.rt.is_main:
@@ -351,16 +378,20 @@ class Trainer:
         if self.rt.is_main:
             export_weights(state_dict, out_dir, self.meta["model_config"])
 
-    def finish(self, t_launch: float) -> dict[str, Any]:
-        """Final evaluation, export, summary.json, confusion matrix and plots."""
+    def finish(self, t_launch: float, stopped: str | None = None) -> dict[str, Any]:
+        """Final evaluation, export, summary.json, confusion matrix and plots (``stopped``: why it ended early)."""
         state, acc, rt, plan = self.state, self.acc, self.rt, self.plan
         final = self.evaluate(with_confusion=True)
         if self.last_eval_step != state.global_step:  # else the epoch-end eval at this step is already logged
             self.log_eval(final)
         self.export(self.run_dir / MODEL)
+        if rt.is_main:
+            self.features.export_ema(self.run_dir / MODEL_EMA, self.meta["model_config"])
         summary = {
+            **({"stopped": stopped} if stopped else {}),
             "eval_accuracy": final["eval_accuracy"],
             "eval_loss": final["eval_loss"],
+            **self.features.ema_summary(final),
             "eval_samples": final["eval_samples"],
             "global_step": state.global_step,
             "epochs_completed": state.epoch,

@@ -413,7 +413,11 @@ EXPORT_CASES = [
     ("std-zero", {"std": [0]}, ["std must be positive, got [0]"]),
     ("image-size-huge", {"image_size": 10**12}, ["image_size must be an integer between 14 and 4,096"]),
     ("image-size-small", {"image_size": 8}, ["image_size must be an integer between 14 and 4,096, got 8"]),
-    ("model-unknown", {"model": "vit"}, ["model must be one of lenet, mnist_cnn, resnet18, tv_resnet18, got 'vit'"]),
+    (
+        "model-unknown",
+        {"model": "vit"},
+        ["model must be one of lenet, mnist_cnn, resnet18, tv_resnet18, tv:NAME or package.module:callable, got 'vit'"],
+    ),
 ]
 
 

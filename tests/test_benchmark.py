@@ -462,3 +462,32 @@ def test_peak_memory_per_run_and_the_gpu_report(tmp_path):
     md = bench.render_markdown(report)
     for text in ("`CUDA_VISIBLE_DEVICES=0`", "TF32 **on**", "torch.backends.cudnn.allow_tf32=True", "1700/1500 |"):
         assert text in md, text
+
+
+def test_issue_12_goals_default_run_and_bf16_by_cpu_kind():
+    """The default-run goal and breakdown are reported; the bf16 goals apply to AMX CPUs only."""
+    report = _fabricated_report()
+    index = {(r["setup"], r["model"]): r for r in report["results"]}
+    default_run = {
+        "process_wall_s": 6.0,
+        "before_fit_s": 3.0,
+        "setup_s": 0.5,
+        "train_s": 2.0,
+        "finish_s": 0.5,
+        "eval_accuracy": 0.98,
+        "runs_s": [6.0],
+        "command": "python scripts/train.py",
+    }
+    goals = {g["goal"]: g for g in bench.evaluate_goals(report["results"], None, {}, default_run, "avx512_bf16")}
+    wall = next(g for name, g in goals.items() if name.startswith("python scripts/train.py (defaults)"))
+    assert wall["value"] == 6.0 and wall["met"] is False
+    assert next(g for name, g in goals.items() if name.startswith("... with eval_accuracy"))["met"] is True
+    if ("cpu_bf16", "resnet18") in index and ("cpu_fp32", "resnet18") in index:
+        bf16 = [g for name, g in goals.items() if name.startswith("bf16")]
+        assert bf16 and all(g["met"] is None and "AMX" in g["goal"] for g in bf16)  # not applicable here
+        amx = [
+            g for g in bench.evaluate_goals(report["results"], None, {}, None, "amx") if g["goal"].startswith("bf16")
+        ]
+        assert amx and all(g["met"] in (True, False) for g in amx)
+    md = bench.render_markdown({**report, "default_run": default_run})
+    assert "## The default run, from process start" in md and "| 3.00 s | 0.50 s | 2.00 s | 0.50 s |" in md

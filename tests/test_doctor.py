@@ -1,8 +1,11 @@
-"""accel_train.doctor: launch plans and traps of accelerate config files, on mocked machines."""
+"""accel_train.doctor: launch plans and traps of accelerate config files, on mocked machines; the plans of
+the shipped and wizard-made configs against real launches (or, where they need GPUs or machines we lack,
+against what accelerate's own ``launch_command`` starts); ``--smoke``."""
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -11,9 +14,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import check, run_script, summary
 
 from accel_train.doctor import (
     CUDA_TYPES,
+    RUN_KEYS,
     Environment,
     devices_report,
     diagnose_config,
@@ -21,6 +26,7 @@ from accel_train.doctor import (
     format_report,
     parse_visible_devices,
 )
+from accel_train.doctor.smoke import TRAIN_ARGS, disagreements, observed
 from accel_train.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,6 +54,11 @@ def finding(diag, code: str):
     matches = [f for f in diag.findings if f.code == code]
     assert matches, f"no {code!r} in {diag.findings}"
     return matches[0]
+
+
+def run_view(world_size, distributed_type, device, mixed_precision, data_parallel=False) -> dict:
+    """What a run records in summary.json (``RUN_KEYS``), as ``diag.plan["run"]`` predicts it."""
+    return dict(zip(RUN_KEYS, (world_size, distributed_type, device, mixed_precision, data_parallel), strict=True))
 
 
 CPU_SINGLE = textwrap.dedent("""
@@ -155,7 +166,16 @@ def test_multi_cpu_without_mpirun_is_started_by_train_py_on_one_machine(tmp_path
     diag = diagnose(tmp_path, "distributed_type: MULTI_CPU\nnum_processes: 2\n")
     f = finding(diag, "multi-cpu-relaunched")
     assert f.level == "info" and "starts the 2 ranks itself" in f.message and diag.ok
-    assert diag.plan["launcher"] == "simple"
+    assert diag.plan["launcher"] == "simple" and diag.plan["relaunch"]
+    assert diag.plan["run"] == run_view(2, "MULTI_CPU", "cpu", "no")  # as test_multi_cpu_wizard's runs record
+
+
+def test_distributed_type_no_with_several_processes_is_refused_by_train_py(tmp_path):
+    # the simple launcher starts one process and sets MASTER_PORT; runtime.check_launch then refuses to run alone
+    diag = diagnose(tmp_path, "distributed_type: 'NO'\nnum_processes: 2\n", make_env(4))
+    f = finding(diag, "num-processes-ignored")
+    assert f.level == "error" and "num_processes: 1" in f.message
+    assert diag.plan["run"] is None and "refuses" in diag.plan["summary"]
 
 
 def test_multi_cpu_without_mpirun_on_several_machines_starts_one_process(tmp_path):
@@ -211,9 +231,17 @@ def test_fp16_on_cpu(tmp_path, text):
 
 
 def test_bf16_on_cpu_is_fine(tmp_path):
-    diag = diagnose(tmp_path, CPU_SINGLE.replace("'no'", "bf16"))
-    assert not diag.findings
+    diag = diagnose(tmp_path, CPU_SINGLE.replace("'no'", "bf16"), make_env(cpu_bf16="amx"))
+    assert [(f.level, f.code) for f in diag.findings] == [("info", "bf16-on-cpu")]
+    assert "faster" in diag.findings[0].message
     assert diag.plan["mixed_precision"] == "bf16"
+
+
+@pytest.mark.parametrize("kind", ["avx512_bf16", "none"])
+def test_bf16_on_a_cpu_without_amx_warns_that_it_is_slower(tmp_path, kind):
+    diag = diagnose(tmp_path, CPU_SINGLE.replace("'no'", "bf16"), make_env(cpu_bf16=kind))
+    assert [(f.level, f.code) for f in diag.findings] == [("warning", "bf16-on-cpu")]
+    assert "slower than fp32" in diag.findings[0].message
 
 
 def test_fp16_on_gpu_is_fine(tmp_path):
@@ -330,7 +358,26 @@ def test_use_cpu_is_ignored_by_torchrun(tmp_path):
 def test_cpu_flag_on_one_machine_is_started_by_train_py(tmp_path):
     diag = diagnose(tmp_path, MULTI_CPU_STYLE, cpu=True)
     assert finding(diag, "multi-cpu-relaunched").level == "info"
-    assert diag.plan["world_size"] == 1  # what accelerate itself starts
+    # accelerate's simple launcher starts one process, which starts the 2 ranks (accel_train.elastic)
+    assert diag.plan["launcher"] == "simple" and diag.plan["relaunch"] and diag.plan["world_size"] == 2
+
+
+def test_deepspeed_not_installed(tmp_path):
+    from accelerate.utils import is_deepspeed_available
+
+    diag = diagnose(tmp_path, "distributed_type: DEEPSPEED\nnum_processes: 2\n", make_env(2))
+    assert diag.plan["launcher"] == "deepspeed" and diag.plan["world_size"] == 2
+    assert ("deepspeed-missing" in diag.codes("error")) is not is_deepspeed_available()
+
+
+def test_what_accelerate_refuses_is_an_error_with_its_reason(tmp_path):
+    text = (
+        "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 2\n"
+        "  fsdp_cpu_ram_efficient_loading: true\n  fsdp_sync_module_states: false\n"
+    )
+    diag = diagnose(tmp_path, text, make_env(2))
+    f = finding(diag, "launch-refused")
+    assert f.level == "error" and "fsdp_sync_module_states" in f.message and not diag.plan
 
 
 def test_distributed_type_missing(tmp_path):
@@ -533,3 +580,181 @@ def _env_for(path: Path) -> Environment:
 def test_repo_accelerate_configs_have_no_errors(path):
     diag = diagnose_config(path, _env_for(path))
     assert diag.ok, "\n".join(f"[{f.code}] {f.message}" for f in diag.errors)
+
+
+# ---------------------------------------------------------------------------
+# the plan against what really happens: real launches here, accelerate's own launch_command elsewhere
+
+
+# what can launch on a CPU-only machine: config, `accelerate launch` flags, what the run must record
+LAUNCHED = {
+    "cpu": ("cpu.yaml", (), run_view(1, "NO", "cpu", "no")),
+    "cpu_bf16": ("cpu_bf16.yaml", (), run_view(1, "NO", "cpu", "bf16")),
+    "multi_cpu": ("multi_cpu.yaml", (), run_view(2, "MULTI_CPU", "cpu", "no")),
+    "multi_cpu_bf16": ("multi_cpu_bf16.yaml", (), run_view(2, "MULTI_CPU", "cpu", "bf16")),
+    "wizard_default": (None, (), run_view(1, "NO", "cpu", "no")),  # write_basic_config on this machine
+    # MULTI_GPU without CUDA: torchrun ranks that train.py joins in a gloo group on CPU
+    "multi_gpu_without_cuda": ("multi_gpu.yaml", ("--num_processes", "2"), run_view(2, "MULTI_CPU", "cpu", "no")),
+}
+
+
+@pytest.fixture(scope="module")
+def smoke_multi_cpu(tmp_path_factory):
+    """``scripts/doctor.py --config_file accelerate_configs/multi_cpu.yaml --smoke``: its output and run folder."""
+    root = tmp_path_factory.mktemp("doctor_smoke")
+    config = "accelerate_configs/multi_cpu.yaml"
+    proc = run_script("doctor.py", "--config_file", config, "--smoke", "--smoke-dir", str(root))
+    return proc, root / "multi_cpu"
+
+
+@pytest.fixture(scope="module")
+def wizard_default(tmp_path_factory) -> Path:
+    """accelerate's own writer (what `accelerate config default` writes) on this machine."""
+    from accelerate.utils import write_basic_config
+
+    path = tmp_path_factory.mktemp("wizard") / "default_config.yaml"
+    assert write_basic_config(mixed_precision="no", save_location=str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory, smoke_multi_cpu, wizard_default):
+    """``case -> (config, launch flags, what the run recorded)``; one 2-step launch per case, shared."""
+    root = tmp_path_factory.mktemp("doctor_launches")
+    done: dict[str, tuple] = {}
+
+    def launch(case: str) -> tuple:
+        if case not in done:
+            name, launch_args, _ = LAUNCHED[case]
+            config = wizard_default if name is None else CONFIG_DIR / name
+            out = smoke_multi_cpu[1] if case == "multi_cpu" else root / case
+            if case != "multi_cpu":  # that one is the doctor's own smoke run
+                argv = (*TRAIN_ARGS, "--output-dir", str(out))
+                check(run_script("train.py", *argv, config=str(config), launch_args=launch_args))
+            done[case] = (config, launch_args, observed(out))
+        return done[case]
+
+    return launch
+
+
+@pytest.mark.parametrize("case", LAUNCHED)
+def test_plan_equals_what_a_real_launch_records(case, launches):
+    config, launch_args, seen = launches(case)
+    diag = diagnose_config(config, Environment.detect(), launch_args=launch_args)
+    assert diag.ok, diag.findings
+    assert {**seen, "device": seen["device"].split(":")[0]} == LAUNCHED[case][2]  # the facts ("cpu:0" is rank 0's)
+    assert not disagreements(diag.plan["run"], seen), (diag.plan["run"], seen)
+    gloo = LAUNCHED[case][2]["world_size"] > 1
+    assert (diag.plan["world_size"], diag.plan["backend"]) == (seen["world_size"], "gloo" if gloo else None)
+    if case == "multi_gpu_without_cuda":
+        assert finding(diag, "multi-gpu-without-gpu").level == "warning"
+
+
+def test_doctor_smoke_prints_plan_and_run_side_by_side(smoke_multi_cpu):
+    proc, run_dir = smoke_multi_cpu
+    check(proc)
+    out = proc.stdout
+    assert "smoke: accelerate launch --config_file accelerate_configs/multi_cpu.yaml scripts/train.py" in out
+    assert "--max-steps 2" in out and f"run folder {run_dir}" in out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.startswith("  ") and line.split()}
+    assert rows["world_size"] == ["2", "2"] and rows["distributed_type"] == ["MULTI_CPU", "MULTI_CPU"]
+    assert rows["device"] == ["cpu", "cpu:0"] and rows["mixed_precision"] == ["no", "no"]
+    assert "smoke verdict: matches the plan" in out and "verdict: OK" in out
+    assert summary(run_dir)["global_step"] == 2
+
+
+def _started_by_accelerate(config: Path, launch_args: tuple, monkeypatch) -> dict:
+    """accelerate's real ``launch_command``, stopped where it starts processes: what it would start, and with what."""
+    import torch.distributed.run as distrib_run
+    from accelerate.commands import launch as cli
+
+    started: dict = {}
+
+    class Started:
+        returncode = 0
+
+        def __init__(self, cmd, env=None, **kw):
+            started.update(launcher="simple", nproc_per_node=1, nnodes=1, cmd=cmd, env=dict(env or {}))
+
+        def wait(self):
+            return 0
+
+    def torchrun(args):
+        nnodes = int(str(args.nnodes).split(":")[-1])
+        started.update(
+            launcher="torchrun", nproc_per_node=int(args.nproc_per_node), nnodes=nnodes, env=dict(os.environ)
+        )
+
+    monkeypatch.setattr(cli.subprocess, "Popen", Started)
+    monkeypatch.setattr(distrib_run, "run", torchrun)
+    monkeypatch.setattr(cli, "check_cuda_p2p_ib_support", lambda: True)
+    monkeypatch.setattr("accelerate.utils.launch.is_port_in_use", lambda port: False)
+    args = cli.launch_command_parser().parse_args([*launch_args, "--config_file", str(config), "train.py"])
+    cli.launch_command(args)
+    return started
+
+
+@pytest.mark.parametrize("path", _repo_configs(), ids=lambda p: p.name)
+def test_plan_equals_what_accelerate_launch_starts(path, monkeypatch):
+    """Every shipped config, GPU and multi-machine ones included, on a machine that has what it needs."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # the mocked machine's GPUs are all visible
+    env = _env_for(path)
+    plan = diagnose_config(path, env).plan
+    started = _started_by_accelerate(path, (), monkeypatch)
+    assert plan["launcher"] == started["launcher"]
+    assert plan["processes_per_machine"] == started["nproc_per_node"]
+    assert plan["world_size"] == started["nproc_per_node"] * started["nnodes"]
+    given = started["env"]  # what the processes would get
+    assert plan["cuda_visible_devices"] == given.get("CUDA_VISIBLE_DEVICES")
+    # what the run must record, on this mocked machine, from what accelerate would start
+    ids = parse_visible_devices(given.get("CUDA_VISIBLE_DEVICES"))
+    visible = env.cuda_device_count if ids is None else len(ids)
+    cpu = given.get("ACCELERATE_USE_CPU") == "True" or visible == 0
+    if started["launcher"] == "simple":
+        dt = "NO"
+    else:
+        dt = "MULTI_CPU" if cpu else "FSDP" if given.get("ACCELERATE_USE_FSDP") == "true" else "MULTI_GPU"
+    data_parallel = dt == "NO" and not cpu and visible > 1
+    expected = run_view(plan["world_size"], dt, "cpu" if cpu else "cuda", given["ACCELERATE_MIXED_PRECISION"])
+    assert plan["run"] == {**expected, "data_parallel": data_parallel}
+    assert data_parallel == path.stem.startswith("dp")
+
+
+def test_smoke_reports_a_run_that_disagrees(tmp_path, monkeypatch, capsys):
+    """A launch whose run records another world size: side by side, marked, and exit 1 (no process starts)."""
+    from accel_train.cli import run_main
+    from accel_train.commands.doctor import main
+    from accel_train.doctor import smoke as smoke_module
+
+    def fake_launch(cmd, **kw):
+        out = Path(cmd[cmd.index("--output-dir") + 1])
+        out.mkdir(parents=True)
+        recorded = {**run_view(3, "MULTI_CPU", "cpu:0", "no"), "global_step": 2}
+        (out / "summary.json").write_text(json.dumps(recorded))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(smoke_module.subprocess, "run", fake_launch)
+    with pytest.raises(SystemExit) as info:
+        run_main(main, ["--config_file", str(CONFIG_DIR / "multi_cpu.yaml"), "--smoke", "--smoke-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert info.value.code == 1
+    assert "world_size        2               3   <- differs" in out and "smoke verdict: DIFFERS" in out
+    assert "[smoke-mismatch]" in out and "world_size 2 planned, 3 seen" in out
+
+
+def test_observed_falls_back_to_the_resolved_config(tmp_path):
+    resolved = {"world_size": 2, "distributed_type": "MULTI_CPU", "device": "cpu:1", "mixed_precision": "bf16"}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"model": "lenet", "resolved": resolved}))
+    seen = observed(tmp_path)
+    assert seen == resolved  # (data_parallel is only in summary.json)
+    assert not disagreements(run_view(2, "MULTI_CPU", "cpu", "bf16"), seen)
+    assert disagreements(run_view(2, "MULTI_CPU", "cuda", "bf16"), seen) == ["device"]
+
+
+def test_smoke_needs_a_config(capsys):
+    from accel_train.cli import run_main
+    from accel_train.commands.doctor import main
+
+    with pytest.raises(SystemExit) as info:
+        run_main(main, ["--smoke"])
+    assert info.value.code == 2 and "--config_file" in capsys.readouterr().err

@@ -30,7 +30,11 @@ def straight_2proc(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("kill_step", [6, 13, 22])
+# One kill point by default; the others behave alike (each restart resumes from the newest of the checkpoints
+# every 4 steps) and run with -m slow, as does scripts/soak.py's random kill points.
+@pytest.mark.parametrize(
+    "kill_step", [pytest.param(6, marks=pytest.mark.slow), 13, pytest.param(22, marks=pytest.mark.slow)]
+)
 def test_sigkilled_worker_restarts_and_finishes_identically(tmp_path, straight_2proc, kill_step):
     """accelerate launch --max_restarts + --resume auto: a worker killed with SIGKILL loses nothing."""
     out = tmp_path / "run"

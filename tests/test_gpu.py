@@ -355,3 +355,95 @@ def test_acceptance_runner_turns_exits_timeouts_and_missing_gpus_into_results(tm
     assert (two.status, two.detail) == (acc.NOT_RUN, "needs 2 GPUs; this machine has 1")
     late = acc.run_check(demo("print(1)"), ctx, time.monotonic())
     assert late.status == acc.NOT_RUN and "time budget" in late.detail
+
+
+# ---- issue 12 (4): keyed augmentation and data on the GPU -------------------------------------------------------
+@pytest.mark.gpu
+def test_keyed_values_and_batched_crops_are_identical_on_cpu_and_cuda():
+    import torch
+
+    from accel_train.data.augment import CropFlip
+    from accel_train.keyed import keyed_bernoulli, keyed_bits, keyed_randint, keyed_uniform
+
+    idx = torch.cat([torch.arange(1000), torch.tensor([2**31 - 1, 2**32 + 5, 2**40 + 3])])
+    for draw in (
+        lambda i: keyed_bits(42, 3, i, 5, "crop"),
+        lambda i: keyed_uniform(42, 3, i, 5, "mixup"),
+        lambda i: keyed_randint(42, 3, i, 9, 2, 7),
+        lambda i: keyed_bernoulli(42, 3, i, 0.3, 4, "dropout"),
+    ):
+        on_gpu = draw(idx.cuda())
+        assert on_gpu.is_cuda and torch.equal(on_gpu.cpu(), draw(idx))
+    images = torch.randint(0, 256, (256, 3, 32, 32), dtype=torch.uint8)
+    crop = CropFlip(32, 4, True)
+    assert torch.equal(crop(images.cuda(), idx[:256].cuda(), 42, 3).cpu(), crop(images, idx[:256], 42, 3))
+
+
+@pytest.mark.gpu
+def test_in_memory_data_moves_to_the_gpu_once_and_leaves_every_rng_alone():
+    import torch
+
+    from accel_train.data.augment import CropFlip
+    from accel_train.data.base import TensorImageDataset
+    from accel_train.data.pipeline import place_on_device
+
+    def dataset():
+        images = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+        return TensorImageDataset(images, torch.arange(64), CropFlip(32, 4))
+
+    host, device = dataset(), dataset()
+    gpu = torch.device("cuda", torch.cuda.current_device())
+    assert place_on_device([device], gpu, 0.25) == [device] and device.images.is_cuda
+    cpu_state, cuda_state = torch.get_rng_state(), torch.cuda.get_rng_state()
+    for data in (host, device):
+        data.set_epoch(2)
+    images, labels = device.__getitems__([5, 60, 7])
+    assert images.is_cuda and labels.is_cuda
+    assert torch.equal(images.cpu(), host.__getitems__([5, 60, 7])[0]) and labels.tolist() == [5, 60, 7]
+    assert torch.equal(torch.get_rng_state(), cpu_state) and torch.equal(torch.cuda.get_rng_state(), cuda_state)
+
+
+@pytest.fixture(scope="module")
+def augmented_gpu_and_cpu_runs(tmp_path_factory):
+    """CIFAR-format data (augmented by default) on one GPU and on the CPU, recording the model's inputs."""
+    from datafiles import write_cifar10
+    from test_device_data import RUN
+
+    root = tmp_path_factory.mktemp("device_data_gpu")
+    write_cifar10(root / "data", n_per_batch=10, n_test=8)
+    for device, env in (("gpu", ON_GPU), ("cpu", ON_CPU)):
+        (root / f"rec_{device}").mkdir()
+        args = [*RUN, "--data-dir", str(root / "data"), "--output-dir", str(root / device), *FAST]
+        check(run_script("tests/test_device_data.py", *args, env={**env, "RECORD_DIR": str(root / f"rec_{device}")}))
+    return root
+
+
+@pytest.mark.gpu
+def test_gpu_run_holds_its_data_on_the_device_and_sees_the_cpu_runs_batches(augmented_gpu_and_cpu_runs):
+    import torch
+    import yaml
+    from test_device_data import recorded
+
+    root = augmented_gpu_and_cpu_runs
+    resolved = yaml.safe_load((root / "gpu" / "config.yaml").read_text())["resolved"]
+    assert resolved["device"].startswith("cuda") and resolved["data_on_device"] is True
+    assert resolved["cudnn_benchmark"] is True and resolved["tf32"] is False  # NVIDIA_TF32_OVERRIDE=0 (ON_GPU)
+    assert yaml.safe_load((root / "cpu" / "config.yaml").read_text())["resolved"]["data_on_device"] is False
+    mean = torch.tensor([0.4914, 0.4822, 0.4465]).view(1, 3, 1, 1)
+    std = torch.tensor([0.2470, 0.2435, 0.2616]).view(1, 3, 1, 1)
+
+    def pixels(x):  # normalisation rounds differently on each device; the uint8 pixels behind it may not differ
+        return ((x * std + mean) * 255).round().to(torch.uint8)
+
+    gpu, cpu = recorded(root / "rec_gpu"), recorded(root / "rec_cpu")
+    assert len(gpu) == len(cpu) == 7
+    assert all(torch.equal(pixels(a), pixels(b)) for a, b in zip(gpu, cpu, strict=True))
+
+
+@pytest.mark.gpu
+def test_conv_models_under_mixed_precision_default_to_channels_last(mixed_precision_run):
+    import yaml
+
+    precision, out = mixed_precision_run
+    resolved = yaml.safe_load((out / "config.yaml").read_text())["resolved"]
+    assert resolved["channels_last"] is True and resolved["cudnn_benchmark"] is True, resolved

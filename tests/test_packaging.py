@@ -116,3 +116,68 @@ def test_ruff_holds_the_package_to_its_limits():
     cmd = [ruff, "check", "accel_train", "scripts", "benchmarks"]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+
+
+def _module_imports(path: Path, module: str) -> set[str]:
+    """accel_train modules that ``module`` imports when it is imported (module level, not under TYPE_CHECKING)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(nodes) -> None:
+        for node in nodes:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                visit(node.orelse)
+                continue
+            if isinstance(node, (ast.If, ast.Try)):
+                visit(node.body)
+                visit(getattr(node, "orelse", []))
+                visit(getattr(node, "finalbody", []))
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names if a.name.startswith("accel_train"))
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*parts, base] if base else parts)
+                if base.startswith("accel_train"):
+                    found.add(base)
+                    found.update(f"{base}.{a.name}" for a in node.names)
+
+    visit(tree.body)
+    return found
+
+
+def test_accel_train_has_no_import_cycles():
+    """The module-level import graph of the package is acyclic (function-local, lazy imports do not count)."""
+    root = REPO / "accel_train"
+    modules = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    graph = {
+        name: {m for m in _module_imports(path, name) if m in modules and m != name} for name, path in modules.items()
+    }
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def dfs(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt) :] + [nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                dfs(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for name in sorted(modules):
+        if name not in state:
+            dfs(name)

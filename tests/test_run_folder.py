@@ -174,14 +174,19 @@ def _fault_run(out: Path, spec: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_disk_full_during_a_checkpoint_keeps_the_previous_one(tmp_path):
+def test_disk_full_during_a_checkpoint_keeps_the_previous_one(tmp_path, capsys):
     out = tmp_path / "run"
     proc = _fault_run(out, "checkpoint:2", *SHORT[:-2], "--max-steps", "18", "--checkpoint-every", "6")
     first = out / "checkpoints" / "step_00000006"
     one_error(proc, "cannot write checkpoint", "no space left", "free", f"previous checkpoint {first} is intact")
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000006"], "no half-written folder"
-    proc = check(run_script("train.py", "--output-dir", str(out), "--resume", "auto", "--max-steps", "18", *FAST))
-    assert "resumed from" in proc.stdout and "step_00000006" in proc.stdout
+    from accel_train.config import parse_config
+    from accel_train.loop import fit
+
+    capsys.readouterr()
+    fit(parse_config(["--output-dir", str(out), "--resume", "auto", "--max-steps", "18", *FAST]))  # in-process
+    stdout = capsys.readouterr().out
+    assert "resumed from" in stdout and "step_00000006" in stdout
     assert summary(out)["global_step"] == 18
 
 

@@ -14,26 +14,36 @@ WRAPPER_PREFIXES: tuple[str, ...] = ("module.", "_orig_mod.")
 
 
 def strip_key(key: str) -> str:
-    """``key`` without any leading wrapper prefixes, in any order (``module._orig_mod.fc.weight`` -> ``fc.weight``)."""
+    """``key`` without any leading wrapper prefixes, in any order (``module._orig_mod.fc.weight`` -> ``fc.weight``).
+
+    Own code: torch's ``consume_prefix_in_state_dict_if_present`` takes one given prefix off a whole dict,
+    not every wrapper prefix, in any order, off one key."""
     while key.startswith(WRAPPER_PREFIXES):
         key = key[len(next(p for p in WRAPPER_PREFIXES if key.startswith(p))) :]
     return key
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """Return the plain module inside DataParallel/DDP and torch.compile wrappers (any nesting)."""
-    from torch import nn
+    """Return the plain module inside DataParallel/DDP/FSDP/DeepSpeed and torch.compile wrappers (any nesting).
+
+    accelerate's ``extract_model_from_parallel`` unwraps them; one call takes off only the outermost
+    ``torch.compile``, so a compiled model inside DDP/DataParallel needs a second call: repeat until nothing
+    changes (tests/test_ecosystem.py shows the single call falling short).
+    """
+    from accelerate.utils import extract_model_from_parallel
 
     while True:
-        if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
-            model = model.module
-        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
-            model = model._orig_mod  # torch._dynamo OptimizedModule
-        else:
+        inner = extract_model_from_parallel(model, keep_torch_compile=False)
+        if inner is model:
             return model
+        model = inner
 
 
 def _strip_uniform(sd: dict[str, Tensor]) -> tuple[dict[str, Tensor], list[str]]:
+    # Own code, not torch's consume_prefix_in_state_dict_if_present: that one renames in place, key by key, so
+    # ``module.module.x`` (a child named ``module``, under DDP) overwrites ``module.x`` before that key is renamed
+    # itself, and a tensor is lost; and it strips keys that have the prefix even when others do not, where mixed
+    # prefixes must be left alone and reported. tests/test_ecosystem.py shows both.
     prefixes: list[str] = []
     while sd:
         for prefix in WRAPPER_PREFIXES:

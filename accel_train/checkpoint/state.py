@@ -189,11 +189,14 @@ def save_checkpoint(
     keep_last: int,
     scheduler_state: dict[str, Any] | None = None,
     protect: Path | None = None,
+    tensors: dict[str, dict[str, Any]] | None = None,
 ) -> Path:
     """Collective: call on every rank. Returns the final checkpoint path.
 
     ``scheduler_state`` goes into ``progress.json`` as JSON (never a pickle);
-    ``protect`` (the checkpoint this run resumed from) is never deleted by retention.
+    ``protect`` (the checkpoint this run resumed from) is never deleted by retention;
+    ``tensors``: more files, ``{file name: {key: tensor}}``, written as safetensors by the main
+    process (``--ema``'s ``ema.safetensors``; ``checkpoint.verify`` must know each name).
     A full disk gives one line and leaves the previous checkpoint as it was.
     """
     root = Path(output_dir) / CHECKPOINT_DIR
@@ -212,6 +215,7 @@ def save_checkpoint(
             accelerator.save_state(str(tmp), safe_serialization=True)
             accelerator.wait_for_everyone()
             if accelerator.is_main_process:
+                _write_tensors(tmp, tensors or {})
                 progress = {"state": state.to_dict(), "scheduler": scheduler_state, **meta}
                 write_json_atomic(tmp / PROGRESS_FILE, progress, "checkpoint")
                 with WRITE_GUARD:
@@ -227,6 +231,14 @@ def save_checkpoint(
         _retire_old(output_dir, keep_last, tuple(p for p in (final, protect) if p is not None))
     accelerator.wait_for_everyone()
     return final
+
+
+def _write_tensors(folder: Path, files: dict[str, dict[str, Any]]) -> None:
+    from safetensors.torch import save_file
+
+    for name, tensors in files.items():
+        # copies: tensors that share storage (tied weights) cannot be saved as views of one another
+        save_file({k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}, str(folder / name))
 
 
 def _written_world_size(path: Path, progress: dict[str, Any]) -> int:

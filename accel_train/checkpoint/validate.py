@@ -67,10 +67,16 @@ def check_model_config(config: Any, where: str) -> dict:
         check.fail("the file", f"must hold a JSON object, got {_shown(config)}")
     model = config.get("model")
     if "model" in config:
-        from accel_train.models import available_models, min_image_size
+        from accel_train.errors import UserError
+        from accel_train.models import available_models, check_model_name, min_image_size
 
-        if not isinstance(model, str) or model not in available_models():
-            check.fail("model", f"must be one of {', '.join(available_models())}, got {_shown(model)}")
+        if not isinstance(model, str):
+            check.fail("model", f"must be a model name, got {_shown(model)}")
+        try:
+            check_model_name(model)  # spelling only: tv:NAME and package.module:callable are never imported here
+        except UserError:
+            known = ", ".join(available_models())
+            check.fail("model", f"must be one of {known}, tv:NAME or package.module:callable, got {_shown(model)}")
         low = min_image_size(model)
     else:
         low = 1
@@ -138,8 +144,9 @@ def check_progress(data: Any, where: str) -> dict:
 
 def _check_saved_config(check: _Checker, saved: dict) -> None:
     """The run's saved ``TrainConfig``: each known field of its type, then the ranges flags are held to."""
-    from accel_train.config import TrainConfig, _check_names, _choices, _field_type
+    from accel_train.config import TrainConfig, _check_names, _choices, _field_type, is_parsed_text
     from accel_train.errors import UserError
+    from accel_train.tracking import tracker_names
 
     known = {}
     for f in fields(TrainConfig):
@@ -149,6 +156,7 @@ def _check_saved_config(check: _Checker, saved: dict) -> None:
         ok = (value is None and "None" in str(f.type)) or (
             isinstance(value, typ) and (typ is bool or not isinstance(value, bool))
         )
+        ok = ok or is_parsed_text(f, value)  # max_device_batch: auto
         if typ is float and _is_int(value):
             ok = True
         if not ok:
@@ -157,7 +165,8 @@ def _check_saved_config(check: _Checker, saved: dict) -> None:
     try:
         cfg = TrainConfig(**known)
         cfg._check_ranges()
-        for name in ("optimizer", "lr_schedule", "report_to", "mixed_precision"):
+        tracker_names(cfg.report_to)  # known names; whether their packages are installed matters only to a run
+        for name in ("optimizer", "lr_schedule", "mixed_precision"):
             if getattr(cfg, name) is not None and getattr(cfg, name) not in _choices(name):
                 raise UserError(f"--{name.replace('_', '-')} {getattr(cfg, name)!r} is not one of {_choices(name)}")
         _check_names(cfg.model, cfg.dataset)

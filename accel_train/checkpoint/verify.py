@@ -43,12 +43,13 @@ PROGRESS_FILE = "progress.json"
 _KNOWN_FILE = re.compile(
     r"^(progress\.json|model(_\d+)?\.safetensors|pytorch_model(_\d+)?\.bin|optimizer(_\d+)?\.bin"
     r"|scheduler(_\d+)?\.bin|sampler(_\d+)?\.bin|dl_state_dict(_\d+)?\.bin|scaler\.pt"
-    r"|random_states_\d+\.pkl|custom_checkpoint_\d+\.pkl)$"
+    r"|random_states_\d+\.pkl|custom_checkpoint_\d+\.pkl|ema\.safetensors)$"  # ema: --ema (features.ema)
 )
 _PICKLED = (".bin", ".pkl", ".pt")
 _SHARDED_DIR = re.compile(r"^(pytorch_model_fsdp_\d+|optimizer_\d+)$")  # torch.distributed.checkpoint folders
 _SHARDED_FILE = re.compile(r"^(\.metadata|__\d+_\d+\.distcp)$")
 RNG_FILE = "random_states_{}.pkl"
+EMA_WEIGHTS = "ema.safetensors"  # --ema's averaged weights (accel_train.features.ema)
 _RNG_KEYS = ("random_state", "numpy_random_seed", "torch_manual_seed")
 
 
@@ -215,6 +216,18 @@ def _check_sharded_dir(folder: Path) -> None:
     _check_sharded_bytes(folder, check_sharded_metadata(metadata_file))
 
 
+def _check_safetensors(path: Path) -> None:
+    """A safetensors file runs no code; check that its header and every tensor's extent are readable."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            for key in handle.keys():
+                handle.get_slice(key).get_shape()
+    except Exception as exc:
+        raise _refuse(path, f"is truncated or corrupt ({type(exc).__name__})") from None
+
+
 def _rng_problem(path: Path) -> str | None:
     """Why ``path`` cannot restore a rank's random state (None: it can). Code-carrying files raise."""
     import torch
@@ -251,6 +264,8 @@ def verify_checkpoint(path: str | Path, written_world_size: int, inexact_ok: boo
         if not entry.is_file() or not _KNOWN_FILE.match(entry.name):
             kind = "folder" if entry.is_dir() else "file"
             raise _refuse(entry, f"is an unexpected {kind} (not something accelerate or accel_train writes)")
+        if entry.name == EMA_WEIGHTS:
+            _check_safetensors(entry)
         if entry.suffix not in _PICKLED or entry.name.startswith("random_states_"):
             continue
         _load_or_refuse(entry)

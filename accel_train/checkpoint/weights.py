@@ -6,9 +6,11 @@ The public API of the old single module is kept here: ``read_state_dict``, ``ins
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,7 @@ __all__ = [
     "load_model",
     "load_weights",
     "read_state_dict",
+    "user_code_allowed",
     "unwrap_model",
     "unwrap_state_dict",
 ]
@@ -201,7 +204,48 @@ def _infer_sizes(sd: Mapping[str, Tensor]) -> dict[str, int]:
     return out
 
 
-def load_model(source: str | os.PathLike, model_name: str | None = None, **overrides: Any) -> tuple[nn.Module, dict]:
+#: Whether ``load_model`` may import the user code a config names (``--allow-import``); see :func:`user_code_allowed`.
+_ALLOW_IMPORT: contextvars.ContextVar[bool] = contextvars.ContextVar("allow_import", default=False)
+
+
+@contextlib.contextmanager
+def user_code_allowed(allowed: bool = True) -> Iterator[None]:
+    """Within this block, ``load_model`` may import the ``package.module:callable`` a config names.
+
+    For programs that load models deep inside (``accel-evaluate --allow-import``).
+    """
+    token = _ALLOW_IMPORT.set(bool(allowed))
+    try:
+        yield
+    finally:
+        _ALLOW_IMPORT.reset(token)
+
+
+def _check_rebuild(config: dict, model_name: str | None, allow_import: bool | None, where: str) -> None:
+    """A config alone never imports code: user code needs the caller's explicit name or opt-in."""
+    from accel_train.models import check_model_name, is_user_code
+    from accel_train.models.user import is_instance_label, rebuild_instance_error
+
+    spec = str(config["model"])
+    try:
+        check_model_name(spec)  # spelling only: nothing is imported
+    except UserError as exc:
+        raise CheckpointError(f"{where}: model {exc}") from None
+    if is_instance_label(spec):
+        raise rebuild_instance_error(f"{spec} (in {where})")
+    if model_name is not None:
+        return  # the caller named the model: building it is what was asked
+    allowed = _ALLOW_IMPORT.get() if allow_import is None else allow_import
+    if is_user_code(spec) and not allowed:
+        raise UserError(
+            f"{where} names your code {spec} as its model, and building it would import (run) that module; "
+            f"pass --allow-import (allow_import=True) if you trust it, or name it yourself (model_name={spec!r})"
+        )
+
+
+def load_model(
+    source: str | os.PathLike, model_name: str | None = None, *, allow_import: bool | None = None, **overrides: Any
+) -> tuple[nn.Module, dict]:
     """Rebuild the model described next to the weights and load them strictly.
 
     The config comes from an export's ``config.json`` or a checkpoint directory's
@@ -209,8 +253,11 @@ def load_model(source: str | os.PathLike, model_name: str | None = None, **overr
     (``num_classes``, ``in_channels``, ``image_size``, ...) take precedence. When no
     config exists, ``model_name`` is required and the sizes not given are guessed
     from the weights. Returns (model in eval mode on CPU, config dict).
+
+    A config naming user code (``package.module:callable``) is imported only when the caller
+    names it as ``model_name`` or opts in with ``allow_import=True`` (or :func:`user_code_allowed`).
     """
-    from accel_train.models import create_model
+    from accel_train.models import available_models, create_model
 
     sd, meta = read_state_dict(source)
     config = dict(meta["model_config"] or {})
@@ -233,7 +280,10 @@ def load_model(source: str | os.PathLike, model_name: str | None = None, **overr
     where = meta["config_path"] or "the model config"
     if given:
         where += f" (with {', '.join(f'{k}={v!r}' for k, v in given.items())} from the arguments)"
-    check_model_config(config, where)  # types, ranges, lengths: one line naming the file and the field
+    spec = isinstance(config["model"], str) and config["model"] not in available_models() and ":" in config["model"]
+    # types, ranges, lengths: one line naming the file and the field (tv:, user code: checked by _check_rebuild)
+    check_model_config({k: v for k, v in config.items() if k != "model"} if spec else config, where)
+    _check_rebuild(config, model_name, allow_import, where)
     kwargs = {k: int(config[k]) for k in ("num_classes", "in_channels", "image_size") if config.get(k) is not None}
     try:
         model = create_model(str(config["model"]), **kwargs)

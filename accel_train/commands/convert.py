@@ -28,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", help="write DIR/model.safetensors (+ DIR/config.json when the model is known)")
     parser.add_argument("--overwrite", action="store_true", help="replace an export already in --out")
     parser.add_argument("--model", help="model name; the weights are verified to load strictly into it")
+    parser.add_argument(
+        "--allow-import", action="store_true", help="let the source's config import the user code it names as model"
+    )
     parser.add_argument("--num-classes", type=int)
     parser.add_argument("--in-channels", type=int)
     parser.add_argument("--image-size", type=int)
@@ -87,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     sd, meta = read_state_dict(args.source)
     if args.model is not None or meta["model_config"] is not None:
         # the model is known: rebuild it, verify a strict load, export exactly its keys
-        model, config = load_model(args.source, model_name=args.model, **overrides)
+        model, config = load_model(args.source, model_name=args.model, allow_import=args.allow_import, **overrides)
         weights = export_weights(model, args.out, config)
     else:
         config = None

@@ -22,6 +22,9 @@ def main(argv=None):
     parser.add_argument("--image-column", help="image column of an hf: dataset (default: detected)")
     parser.add_argument("--label-column", help="label column of an hf: dataset (default: detected)")
     parser.add_argument("--mixed-precision", choices=("no", "fp16", "bf16"), help="override the accelerate config")
+    parser.add_argument(
+        "--allow-import", action="store_true", help="let the weights' config import the user code it names as model"
+    )
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     args = parser.parse_args(argv)
     if args.batch_size < 1:
@@ -29,19 +32,21 @@ def main(argv=None):
 
     import json
 
+    from accel_train.checkpoint.weights import user_code_allowed
     from accel_train.evaluation import run_evaluation
 
-    report = run_evaluation(
-        args.weights,
-        args.dataset,
-        args.data_dir,
-        args.batch_size,
-        args.out,
-        args.confusion_png,
-        args.mixed_precision,
-        image_column=args.image_column,
-        label_column=args.label_column,
-    )
+    with user_code_allowed(args.allow_import):
+        report = run_evaluation(
+            args.weights,
+            args.dataset,
+            args.data_dir,
+            args.batch_size,
+            args.out,
+            args.confusion_png,
+            args.mixed_precision,
+            image_column=args.image_column,
+            label_column=args.label_column,
+        )
     if report is None:  # not the main process
         return 0
     if args.out:

@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import Dataset
 
 from accel_train.config import TrainConfig
+from accel_train.data.augment import Augmented, KeyedAugment
 
 #: The options dataset builders read. Declared once, in ``TrainConfig`` (flag, default, help);
 #: ``DataConfig`` is that slice of it, so ``build_dataset`` needs no training config.
@@ -68,24 +69,23 @@ class DataSplits:
         return cls(TensorImageDataset(*train, transform=transform), TensorImageDataset(*test), info, True, extra)
 
 
-class TensorImageDataset(Dataset):
-    """A whole split held as one ``uint8`` tensor.
+class TensorImageDataset(Augmented, Dataset):
+    """A whole split held as one ``uint8`` tensor (on the CPU, or moved once to the training device).
 
-    ``__getitems__`` lets the DataLoader fetch a batch with one indexing op
-    instead of ``batch_size`` Python calls (airbench-style), while the sampler
-    and Accelerate's sharding keep working unchanged.
-    ``transform`` (optional) is applied per sample on uint8 tensors, for
-    augmentations whose parameters must differ between samples. Its randomness
-    is drawn from ``(augment_seed, epoch, index)`` alone, so augmented batches
-    are the same on any number of processes and after a mid-epoch resume
-    (accelerate calls ``set_epoch`` on the dataset each epoch).
+    ``__getitems__`` fetches a batch with one indexing op on the tensor's device instead of
+    ``batch_size`` Python calls (airbench-style), while the sampler and Accelerate's sharding keep
+    working unchanged. ``transform`` (optional) augments the whole batch at once: a
+    :class:`~accel_train.data.augment.KeyedAugment` keyed on ``(augment_seed, epoch, index)``, so
+    augmented batches are the same on any number of processes, on any device and after a mid-epoch
+    resume (the loader's sampler passes each epoch on, see ``make_loader``). A per-sample callable is
+    accepted too (wrapped in ``PerSampleAugment``: slow).
     """
 
     def __init__(
         self,
         images: torch.Tensor,
         labels: torch.Tensor,
-        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        transform: KeyedAugment | Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
         if images.dtype != torch.uint8 or images.dim() != 4:
             raise ValueError(f"images must be uint8 [N, C, H, W], got {images.dtype} {tuple(images.shape)}")
@@ -93,38 +93,34 @@ class TensorImageDataset(Dataset):
             raise ValueError(f"{len(images)} images but {len(labels)} labels")
         self.images = images.contiguous()
         self.labels = labels.to(torch.int64)
-        self.transform = transform
-        self.augment_seed = 0
-        self.epoch = 0
+        self._init_augment(transform)
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    @property
+    def nbytes(self) -> int:
+        return self.images.nbytes + self.labels.nbytes
 
-    def _augment(self, image: torch.Tensor, index: int) -> torch.Tensor:
-        # torchvision draws from the global CPU generator: seed it per sample inside fork_rng, which restores it
-        # after. Only the CPU generator: torch.manual_seed would also reseed every CUDA generator, which
-        # fork_rng(devices=[]) does not protect (dropout on the GPU would repeat per sample seed).
-        with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(
-                ((self.augment_seed * 1_000_003 + self.epoch) * 10_000_019 + index) % (2**63)
-            )
-            return self.transform(image)
+    def to_device(self, device: torch.device) -> None:
+        """Hold the split on ``device`` from now on: batches are indexed and augmented there."""
+        self.images, self.labels = self.images.to(device), self.labels.to(device)
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def __getitem__(self, index: int):
-        image = self.images[index]
-        if self.transform is not None:
-            image = self._augment(image, int(index))
-        return image, int(self.labels[index])
+        images, labels = self.__getitems__([index + len(self) if index < 0 else index])
+        return images[0], int(labels[0])
 
     def __getitems__(self, indices: Sequence[int]):
-        idx = torch.as_tensor(indices, dtype=torch.long)
-        images = self.images.index_select(0, idx)
-        if self.transform is not None:
-            images = torch.stack([self._augment(img, int(i)) for img, i in zip(images, indices, strict=True)])
-        return images, self.labels.index_select(0, idx)
+        idx = _index_tensor(indices, self.images.device)
+        return self.augment(self.images.index_select(0, idx), idx), self.labels.index_select(0, idx)
+
+
+def _index_tensor(indices: Sequence[int], device: torch.device) -> torch.Tensor:
+    """The batch's indices on ``device``; to CUDA through pinned memory without blocking (no hidden sync)."""
+    idx = torch.as_tensor(indices, dtype=torch.int64)
+    if device.type == "cuda":
+        return idx.pin_memory().to(device, non_blocking=True)
+    return idx.to(device)
 
 
 def collate_batch(batch):
@@ -137,13 +133,16 @@ def collate_batch(batch):
 
 
 def stratified_split(labels: torch.Tensor, test_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Deterministic stratified split: returns (train_idx, test_idx), both sorted."""
-    gen = torch.Generator().manual_seed(seed)
-    train_idx, test_idx = [], []
-    for cls in torch.unique(labels).tolist():
-        members = torch.nonzero(labels == cls, as_tuple=False).flatten()
-        members = members[torch.randperm(len(members), generator=gen)]
-        n_test = int(round(len(members) * test_fraction))
-        test_idx.append(members[:n_test])
-        train_idx.append(members[n_test:])
-    return torch.cat(train_idx).sort().values, torch.cat(test_idx).sort().values
+    """(train_idx, test_idx), both sorted, by ``datasets``' stratified ``train_test_split`` from ``seed`` (as
+    ``digits`` splits). Both are empty when no split exists (fewer test or train samples than classes)."""
+    import datasets
+
+    classes, codes = torch.unique(labels, return_inverse=True)
+    features = datasets.Features({"i": datasets.Value("int64"), "y": datasets.ClassLabel(max(len(classes), 1))})
+    table = datasets.Dataset.from_dict({"i": range(len(codes)), "y": codes.tolist()}, features=features)
+    try:
+        split = table.train_test_split(test_fraction, stratify_by_column="y", seed=seed, keep_in_memory=True)
+    except ValueError:
+        return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
+    train, test = (torch.tensor(sorted(split[name]["i"]), dtype=torch.int64) for name in ("train", "test"))
+    return train, test

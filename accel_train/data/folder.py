@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from accel_train.data.augment import Augmented, CropFlip, KeyedAugment, crop_flip
 from accel_train.data.base import DataConfig, DatasetInfo, DataSplits, stratified_split
 from accel_train.data.images import DECODE_ERRORS, channels_for, check_image_files, mixed_modes_note
 from accel_train.errors import UserError
@@ -168,12 +169,13 @@ def channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float,
     return mean, std
 
 
-class LazyImageDataset(Dataset):
-    """Map-style view of a ``datasets.Dataset``: decodes one image per ``__getitem__``.
+class LazyImageDataset(Augmented, Dataset):
+    """Map-style view of a ``datasets.Dataset``: decodes each image when it is fetched.
 
-    Returns ``(uint8 [C, size, size], int label)``. ``label_map`` translates raw
-    labels (e.g. strings) to class indices; ``transform`` is an optional
-    per-sample uint8 augmentation.
+    Samples are ``(uint8 [C, size, size], int label)``; ``__getitems__`` returns a whole batch
+    ``(uint8 [B, C, size, size], int64 [B])``, augmented at once by ``transform`` (a keyed batched
+    augmentation, as for in-memory data; it runs in the DataLoader workers when there are some).
+    ``label_map`` translates raw labels (e.g. strings) to class indices.
     """
 
     def __init__(
@@ -184,7 +186,7 @@ class LazyImageDataset(Dataset):
         channels: int,
         size: int,
         label_map: dict | None = None,
-        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        transform: KeyedAugment | Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
         self.data = data
         self.image_column = image_column
@@ -192,21 +194,29 @@ class LazyImageDataset(Dataset):
         self.channels = channels
         self.size = size
         self.label_map = label_map
-        self.transform = transform
+        self._init_augment(transform)
 
     def __len__(self) -> int:
         return len(self.data)
 
-    def __getitem__(self, index: int):
+    def _decode(self, index: int) -> tuple[torch.Tensor, int]:
         try:
             row = self.data[int(index)]  # datasets decodes the image here
             image = image_to_chw(row[self.image_column], self.channels, self.size)
         except DECODE_ERRORS as exc:  # it passed the up-front check (header, checksums) but its pixels do not decode
             raise UserError(f"cannot decode image {self._name(index)}: {exc}; remove or replace it") from None
-        if self.transform is not None:
-            image = self.transform(image)
         label = row[self.label_column]
         return image, int(self.label_map[label] if self.label_map is not None else label)
+
+    def __getitem__(self, index: int):
+        images, labels = self.__getitems__([index + len(self) if index < 0 else index])
+        return images[0], int(labels[0])
+
+    def __getitems__(self, indices: list[int]):
+        samples = [self._decode(i) for i in indices]
+        images = torch.stack([image for image, _ in samples])
+        labels = torch.tensor([label for _, label in samples], dtype=torch.int64)
+        return self.augment(images, torch.as_tensor(indices, dtype=torch.int64)), labels
 
     def _name(self, index: int) -> str:
         """The file behind sample ``index``, for an error message (else the sample's index)."""
@@ -226,13 +236,11 @@ class LazyImageDataset(Dataset):
         return torch.as_tensor(np.asarray(raw, dtype=np.int64))
 
 
-def augment_for(cfg: DataConfig, size: int) -> tuple[Callable[[torch.Tensor], torch.Tensor] | None, str | None]:
+def augment_for(cfg: DataConfig, size: int) -> tuple[CropFlip | None, str | None]:
     """Folder/hub datasets augment only on request (``cfg.augment is True``): random crop + flip."""
     if cfg.augment is not True:
         return None, None
-    from accel_train.data.vision import random_crop_flip
-
-    return random_crop_flip(size, max(1, size // 8), flip=True)
+    return crop_flip(size, max(1, size // 8), flip=True)
 
 
 def sample_stats(dataset: Dataset, k: int = STATS_SAMPLE) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -346,8 +354,8 @@ def build_imagefolder(cfg: DataConfig, path: str) -> DataSplits:
     import datasets
 
     undecoded = train.cast_column("image", datasets.Image(decode=False))
-    first = train[0]["image"]
-    channels = channels_for(modes) if modes else infer_channels(first)  # colour if any image has colour
+    # colour if any image has colour; decode the first image only without modes (a bad one fails later, named)
+    channels = channels_for(modes) if modes else infer_channels(train[0]["image"])
     idx = sample_indices(len(undecoded), SIZE_SAMPLE)
     sizes = {image_size_of(undecoded[i]["image"]) for i in idx}
     size = choose_image_size(sizes, cfg.image_size)

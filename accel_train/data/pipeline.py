@@ -7,6 +7,9 @@
   truncates each epoch to whole global batches; Accelerate shards its batches
   across processes, so 1 process x 32 and 2 processes x 16 see identical
   global batches.
+* :func:`place_on_device` moves in-memory datasets that fit onto the
+  accelerator once (``--data-on-device``), so batches are indexed and augmented
+  there.
 * :class:`BatchNormalizer` turns uint8 batches into normalised floats on the
   device, once per batch.
 """
@@ -14,12 +17,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Sampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
 
-from accel_train.data.base import collate_batch
+from accel_train.data.base import _index_tensor, collate_batch
 from accel_train.errors import UserError
 
 
@@ -65,17 +69,31 @@ class EpochSampler(Sampler[int]):
     ``shuffle=False`` keeps dataset order (evaluation). ``multiple_of`` drops
     the tail so every epoch holds whole global batches; the LR schedule and
     the data order then do not depend on the number of processes.
+    ``on_epoch`` hears every ``set_epoch``: the dataset's augmentation is keyed
+    on the same epoch as the order. (Accelerate reaches the sampler in every
+    setup, but calls the dataset's own ``set_epoch`` only when it cannot find
+    the sampler, which is never on several processes.)
     """
 
-    def __init__(self, num_samples: int, seed: int = 0, shuffle: bool = True, multiple_of: int = 1):
+    def __init__(
+        self,
+        num_samples: int,
+        seed: int = 0,
+        shuffle: bool = True,
+        multiple_of: int = 1,
+        on_epoch: Callable[[int], None] | None = None,
+    ):
         self.num_samples = num_samples
         self.seed = seed
         self.shuffle = shuffle
         self.length = (num_samples // multiple_of) * multiple_of
         self.epoch = 0
+        self.on_epoch = on_epoch
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+        if self.on_epoch is not None:
+            self.on_epoch(epoch)
 
     def __len__(self) -> int:
         return self.length
@@ -98,28 +116,83 @@ def make_loader(
     drop_to_multiple_of: int = 1,
     num_workers: int = 0,
     pin_memory: bool = False,
+    with_indices: bool = False,
 ) -> DataLoader:
     """A DataLoader whose own generator keeps iterator creation off the global RNG.
 
     (A plain DataLoader draws its base seed from the global RNG each epoch,
-    which would shift dropout after a mid-epoch resume.)
+    which would shift dropout after a mid-epoch resume.) ``with_indices``: batches are
+    ``(images, labels, indices)``, see :class:`WithIndices`.
     """
     if len(dataset) < drop_to_multiple_of:
         raise UserError(
             f"the training split has {len(dataset)} samples, fewer than one global batch of "
             f"{drop_to_multiple_of}; lower the batch size"
         )
-    sampler = EpochSampler(len(dataset), seed=seed, shuffle=shuffle, multiple_of=drop_to_multiple_of)
+    on_epoch = getattr(dataset, "set_epoch", None)
+    sampler = EpochSampler(len(dataset), seed=seed, shuffle=shuffle, multiple_of=drop_to_multiple_of, on_epoch=on_epoch)
     workers = dict(persistent_workers=True, prefetch_factor=4) if num_workers > 0 else {}
     return DataLoader(
-        dataset,
+        WithIndices(dataset) if with_indices else dataset,
         batch_sampler=BatchSampler(sampler, batch_size, drop_last=shuffle),
-        collate_fn=collate_batch,
+        collate_fn=_batch_as_built if with_indices else collate_batch,
         num_workers=num_workers,
         pin_memory=pin_memory,
         generator=torch.Generator().manual_seed(seed),
         **workers,
     )
+
+
+class WithIndices(Dataset):
+    """``dataset``'s batches as ``(images, labels, indices)``, ``indices`` the samples' global indices in the
+    dataset (``int64 [B]``, on the images' device).
+
+    The training loader's batches carry them so that mixup and dropout can key their draws on the
+    sample, whichever process and micro-batch it lands in (``accel_train.features``).
+    """
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitems__(self, indices: Sequence[int]):
+        getitems = getattr(self.dataset, "__getitems__", None)
+        images, labels = collate_batch(getitems(indices) if getitems else [self.dataset[i] for i in indices])
+        return images, labels, _index_tensor(indices, images.device)
+
+
+def _batch_as_built(batch):
+    return batch
+
+
+def place_on_device(
+    datasets: Sequence, device: torch.device, fraction: float, memory: tuple[int, int] | None = None
+) -> list:
+    """Move in-memory datasets to ``device`` once, in order, while they fit in ``fraction`` of its memory.
+
+    Returns the datasets moved. Their batches are then indexed (and augmented) on the device, and
+    Accelerate's per-batch copy to the device is a no-op. ``memory``: ``(free, total)`` bytes of
+    ``device`` (default: asked from CUDA; other devices keep their data where it is, so on CPU
+    nothing moves). Datasets without ``to_device`` (decoded lazily) stay on the host.
+    """
+    if fraction <= 0:
+        return []
+    if memory is None:
+        if device.type != "cuda":
+            return []
+        memory = torch.cuda.mem_get_info(device)
+    free, total = memory
+    budget = min(int(fraction * total), free)
+    moved = []
+    for dataset in datasets:
+        if not hasattr(dataset, "to_device") or dataset.nbytes > budget:
+            continue
+        dataset.to_device(device)
+        budget -= dataset.nbytes
+        moved.append(dataset)
+    return moved
 
 
 class BatchNormalizer:

@@ -8,8 +8,12 @@ Files are read from ``cfg.data_dir`` in torchvision's layouts::
 
 and parsed by this module (a validating IDX reader; a restricted unpickler for
 the CIFAR batches, which never runs arbitrary pickled code). torchvision is
-used only to download (``cfg.download``). Whole splits are held as uint8
-tensors (:class:`TensorImageDataset`).
+used only to download (``cfg.download``): its ``MNIST``/``CIFAR10`` classes need
+every file of both splits (CIFAR10: with the official md5s) even to read the test
+split alone, as an evaluation does; read only uncompressed IDX files; answer a
+damaged file with a bare ``AssertionError``; unpickle CIFAR batches with plain
+``pickle.load``; and importing torchvision costs a run about a second. Whole
+splits are held as uint8 tensors (:class:`TensorImageDataset`).
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ import io
 import math
 import os
 import pickle
-import shutil
 import struct
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from accel_train.data import DOWNLOAD_HINT
+from accel_train.data.augment import crop_flip
 from accel_train.data.base import (
     DataConfig,
     DatasetInfo,
@@ -79,18 +84,6 @@ def resize_uint8(images: torch.Tensor, size: int) -> torch.Tensor:
     return out
 
 
-def random_crop_flip(size: int, padding: int, flip: bool) -> tuple[Callable[[torch.Tensor], torch.Tensor], str]:
-    """A per-sample uint8 augmentation (torchvision.transforms.v2) and a short description of it."""
-    from torchvision.transforms import v2
-
-    steps: list = [v2.RandomCrop(size, padding=padding)]
-    desc = f"random_crop({size}, padding={padding})"
-    if flip:
-        steps.append(v2.RandomHorizontalFlip())
-        desc += "+hflip"
-    return v2.Compose(steps), desc
-
-
 def _scaled_padding(base_padding: int, native: int, size: int) -> int:
     return max(1, round(base_padding * size / native))
 
@@ -115,46 +108,21 @@ def _find(directory: Path, name: str) -> Path | None:
 # --------------------------------------------------------------------------- download
 
 
-def _tree(path: Path) -> set[Path]:
-    """``path`` and everything below it (empty if it does not exist)."""
-    if not os.path.lexists(path):
-        return set()
-    found = {path}
-    if path.is_dir() and not path.is_symlink():
-        for dirpath, dirnames, filenames in os.walk(path):
-            found.update(Path(dirpath) / n for n in dirnames + filenames)
-    return found
-
-
-def _snapshot(root: Path, watched: list[Path]) -> set[Path]:
-    """What exists now: ``root``'s ancestors, its top-level entries and the ``watched`` subtrees."""
-    paths = {p for p in (root, *root.parents) if os.path.lexists(p)}
-    if root.is_dir():
-        paths.update(root.iterdir())
-    for w in watched:
-        paths |= _tree(w)
-    return paths
-
-
-def _remove_new(root: Path, watched: list[Path], before: set[Path]) -> None:
-    """Delete every path that is in the current snapshot but not in ``before`` (deepest first)."""
-    after = _snapshot(root, watched)  # files inside new top-level entries go with their folder
-    for path in sorted(after - before, key=lambda p: len(p.parts), reverse=True):
-        if not os.path.lexists(path):
-            continue
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
-
-
-def _download(name: str, root: Path, watched: list[Path], fetch: Callable[[], object], where: str) -> None:
-    """Run ``fetch`` (a torchvision download); on failure remove what it created and raise a UserError."""
-    before = _snapshot(root, watched)
+def _download(name: str, root: Path, subdir: str, fetch: Callable[[str], object], where: str) -> None:
+    """``fetch(staging)`` (a torchvision download) into a new folder, then move ``staging/subdir``'s files to
+    ``root/subdir``. A failure (network, checksum, extraction, full disk) leaves nothing behind: the staging
+    folder goes with it, and ``root`` is not even created. torchvision's own download, on failure, leaves
+    partial files and folders, and on success keeps the archives (CIFAR-10's 170 MB .tar.gz)."""
+    anchor = next(p for p in (root, *root.parents) if p.is_dir())  # the same file system: the moves are renames
     try:
-        fetch()
+        with tempfile.TemporaryDirectory(prefix=".download-", dir=anchor) as staging:
+            fetch(staging)
+            fetched = Path(staging, subdir)
+            for path in sorted(p for p in fetched.rglob("*") if p.is_file()):
+                dest = root / subdir / path.relative_to(fetched)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, dest)
     except Exception as exc:  # any failure of the network/extract step becomes one clear message
-        _remove_new(root, watched, before)
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [""]
         reason = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
         raise UserError(
@@ -247,8 +215,8 @@ def _build_idx(
         _download(
             name,
             root,
-            [root / subdir],
-            lambda: getattr(tvd, fetch_cls)(str(root), train=True, download=True),
+            subdir,
+            lambda staging: getattr(tvd, fetch_cls)(staging, train=True, download=True),
             f"{', '.join(names)} (optionally .gz) in {raw}",
         )
         missing = _missing_idx(raw, names)
@@ -268,7 +236,7 @@ def _build_idx(
     x_train, x_test = resize_uint8(x_train, size), resize_uint8(x_test, size)
     transform, augment = None, None
     if cfg.augment is True:
-        transform, augment = random_crop_flip(size, _scaled_padding(2, native, size), flip=False)
+        transform, augment = crop_flip(size, _scaled_padding(2, native, size), flip=False)
     info = DatasetInfo(
         name=name,
         num_classes=len(classes),
@@ -406,8 +374,8 @@ def build_cifar10(cfg: DataConfig, test_only: bool = False) -> DataSplits:
         _download(
             "cifar10",
             root,
-            [directory],
-            lambda: tvd.CIFAR10(str(root), train=True, download=True),
+            CIFAR10_DIR,
+            lambda staging: tvd.CIFAR10(staging, train=True, download=True),
             f"{', '.join(CIFAR10_TRAIN_FILES)}, {CIFAR10_TEST_FILE} and {CIFAR10_META_FILE} in {directory}",
         )
         missing = _missing_cifar(directory, names)
@@ -427,7 +395,7 @@ def build_cifar10(cfg: DataConfig, test_only: bool = False) -> DataSplits:
     x_train, x_test = resize_uint8(x_train, size), resize_uint8(x_test, size)
     transform, augment = None, None
     if cfg.augment is not False:
-        transform, augment = random_crop_flip(size, _scaled_padding(4, 32, size), flip=True)
+        transform, augment = crop_flip(size, _scaled_padding(4, 32, size), flip=True)
     class_names = _cifar_class_names(directory)
     info = DatasetInfo(
         name="cifar10",

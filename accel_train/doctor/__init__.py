@@ -1,32 +1,40 @@
 """Check the machine and accelerate config files before ``accelerate launch``.
 
-``diagnose_config`` predicts what ``accelerate launch --config_file F`` would do
-(which launcher, how many processes, which device and backend) and lists the
-traps it would fall into. Behaviour modelled on accelerate 1.15
-(``commands/launch.py``, ``utils/launch.py``, ``commands/config/config_args.py``)
-and checked there by launching a script that prints its ``RANK``:
+``diagnose_config`` asks accelerate itself what ``accelerate launch --config_file F`` would do: its
+own parser, ``_validate_launch_command``, choice of launcher and env-preparing functions run up to the
+point where processes would start (``plan.py``). What train.py then makes of those processes
+(``ranks.py``) and the traps accelerate lets through (``checks.py``) come from ``runtime.py``'s and
+``elastic.py``'s own predicates. Measured with accelerate 1.15:
 
-* ``MULTI_CPU`` uses the simple launcher: ONE process unless mpirun is installed
-  and ``mpirun_config.mpirun_hostfile`` is set.
-* ``MULTI_GPU``/``FSDP``/``MEGATRON_LM`` go through torchrun and start
-  ``num_processes`` processes even without CUDA (``train.py`` then runs gloo DDP on CPU).
-* ``use_cpu: true`` in the config only matters to the simple launcher; the
-  torchrun path ignores it. ``accelerate launch --cpu`` forces the simple launcher.
+* ``MULTI_CPU`` uses the simple launcher: ONE process unless mpirun is installed and
+  ``mpirun_config.mpirun_hostfile`` is set; on one machine train.py then starts the ranks itself.
+* ``MULTI_GPU``/``FSDP``/``MEGATRON_LM`` go through torchrun and start ``num_processes``
+  processes even without CUDA (``train.py`` then runs gloo DDP on CPU).
+* ``use_cpu: true`` only reaches the simple launcher's processes; ``--cpu`` forces that launcher.
 * ``gpu_ids`` REPLACES ``CUDA_VISIBLE_DEVICES`` for the launched processes, so its
   indices are physical; inside the processes the chosen GPUs are renumbered from 0.
-* ``MULTI_GPU`` on one machine refuses a ``gpu_ids`` with fewer than two entries
-  (other than ``all``): ``gpu_ids: '-1'`` raises, ``'-1,-1'`` hides every GPU and passes.
 * Unquoted ``NO``/``no``/``0`` are YAML 1.1 booleans/ints and break the launcher.
+
+``run_smoke`` (``--smoke``) launches 2 real steps and compares what the run recorded with the plan.
 """
 
 from accel_train.doctor.configfile import CUDA_TYPES, MULTI_CONFIG, Diagnosis, Finding
 from accel_train.doctor.diagnose import diagnose_config
 from accel_train.doctor.environment import Environment, devices_report, parse_visible_devices, port_in_use
-from accel_train.doctor.report import format_devices, format_diagnosis, format_json, format_report, report_dict
+from accel_train.doctor.report import (
+    RUN_KEYS,
+    format_devices,
+    format_diagnosis,
+    format_json,
+    format_report,
+    report_dict,
+)
+from accel_train.doctor.smoke import run_smoke
 
 __all__ = [
     "CUDA_TYPES",
     "MULTI_CONFIG",
+    "RUN_KEYS",
     "Diagnosis",
     "Environment",
     "Finding",
@@ -39,4 +47,5 @@ __all__ = [
     "parse_visible_devices",
     "port_in_use",
     "report_dict",
+    "run_smoke",
 ]

@@ -1,64 +1,104 @@
-"""The traps a launch plan falls into, one function each, in the order the report lists them."""
+"""The traps a launch plan falls into, one function each, in the order the report lists them.
+
+accelerate itself refuses some configs before starting anything (``refused``); the other traps are
+ones it lets through. Where train.py decides (relaunching MULTI_CPU ranks, refusing a lone process,
+gloo on CPU, DataParallel, fp16 on CPU, too many processes for the GPUs) the check asks
+``runtime.py``'s own predicates, applied to the environment accelerate prepared (``plan.rank_env``).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from accel_train.doctor.configfile import CUDA_TYPES, MULTI_CONFIG, MULTI_DEVICE_TYPES, Diagnosis, _as_int, _plural
-from accel_train.doctor.environment import Environment
-from accel_train.doctor.plan import LaunchPlan
-from accel_train.runtime import fp16_ignored
+from accel_train.doctor.configfile import CUDA_TYPES, MULTI_CONFIG, Diagnosis, _plural
+from accel_train.doctor.environment import Environment, parse_visible_devices
+from accel_train.doctor.plan import LaunchPlan, Refused
+from accel_train.runtime import bf16_cpu_note, fp16_ignored, gpus_hidden_on_purpose, wants_cpu_ranks
+
+
+def refused(refusal: Refused, cfg: dict[str, Any], diag: Diagnosis) -> None:
+    """accelerate launch stops before starting anything: say why, with the fix."""
+    message = str(refusal)
+    gpu_ids = str(cfg.get("gpu_ids"))
+    if "Less than two GPU ids" in message:
+        if parse_visible_devices(gpu_ids) == []:
+            fix = "to hide every GPU write gpu_ids: '-1,-1' (CUDA still sees none, accelerate sees two ids)"
+        else:
+            fix = "list at least two GPUs, use gpu_ids: 'all', or for one GPU use distributed_type: 'NO'"
+        code = "too-few-gpu-ids"
+        message = (
+            f"distributed_type {cfg.get('distributed_type')} on one machine with gpu_ids {gpu_ids!r}: accelerate "
+            f"launch refuses it ('Less than two GPU ids were configured'); {fix}"
+        )
+    elif "manually pass in `--num_processes`" in message:
+        code = "num-processes-missing"
+        message = (
+            f"distributed_type {cfg.get('distributed_type')} without num_processes: accelerate launch stops with "
+            "'You need to manually pass in --num_processes'; add num_processes: N"
+        )
+    elif "main process IP" in message or "main process port" in message:
+        key = "main_process_ip" if "IP" in message else "main_process_port"
+        code = key.replace("_", "-") + "-missing"
+        message = f"the simple launcher needs {key} when num_machines > 1 (accelerate asserts it); set {key}"
+    else:
+        code, message = "launch-refused", f"accelerate launch stops before starting anything: {message}"
+    diag.add("error", code, message)
 
 
 def _one_process_launchers(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
-    if plan.launcher == "simple" and plan.num_processes > 1:
-        n = plan.num_processes
-        if (plan.dt == "MULTI_CPU" or plan.cpu_flag) and plan.num_machines == 1:
-            diag.add(
-                "info",
-                "multi-cpu-relaunched",
-                f"accelerate's simple launcher starts ONE process for {n} CPU processes (no mpirun); train.py "
-                f"starts the {n} ranks itself (torch elastic launcher, gloo DDP on CPU), as {MULTI_CONFIG} does",
-            )
-        elif plan.dt == "MULTI_CPU" and not plan.cpu_flag:
-            reason = (
-                "mpirun is not installed" if not env.mpirun_available else "no mpirun_config.mpirun_hostfile is set"
-            )
-            diag.add(
-                "error",
-                "multi-cpu-one-process",
-                f"distributed_type MULTI_CPU with num_processes {n}: accelerate uses its simple launcher "
-                f"because {reason}, so only ONE process would start per machine, and train.py starts the ranks "
-                f"itself only on one machine (here it refuses to run). For gloo DDP on CPU "
-                f"use {MULTI_CONFIG} (torchrun with GPUs hidden), or set num_processes: 1",
-            )
-        elif plan.cpu_flag:
-            diag.add(
-                "error",
-                "cpu-flag-one-process",
-                f"accelerate launch --cpu always uses the simple launcher: ONE process, not {n}. "
-                f"For gloo DDP on CPU use {MULTI_CONFIG} without --cpu",
-            )
-        else:
-            diag.add(
-                "warning",
-                "num-processes-ignored",
-                f"distributed_type {plan.dt} uses the simple launcher: ONE process starts, num_processes "
-                f"{n} is ignored. For several processes use MULTI_GPU (or {MULTI_CONFIG} on CPU)",
-            )
+    n = plan.args.num_processes
+    if plan.relaunch:
+        diag.add(
+            "info",
+            "multi-cpu-relaunched",
+            f"accelerate's simple launcher starts ONE process for {n} CPU processes (no mpirun); train.py "
+            f"starts the {n} ranks itself (torch elastic launcher, gloo DDP on CPU), as {MULTI_CONFIG} does",
+        )
+    elif plan.refusal and plan.dt == "MULTI_CPU" and not plan.cpu_flag:
+        reason = "mpirun is not installed" if not env.mpirun_available else "no mpirun_config.mpirun_hostfile is set"
+        diag.add(
+            "error",
+            "multi-cpu-one-process",
+            f"distributed_type MULTI_CPU with num_processes {n}: accelerate uses its simple launcher "
+            f"because {reason}, so only ONE process would start per machine, and train.py starts the ranks "
+            f"itself only on one machine (here it refuses to run). For gloo DDP on CPU "
+            f"use {MULTI_CONFIG} (torchrun with GPUs hidden), or set num_processes: 1",
+        )
+    elif plan.refusal:
+        why = "accelerate launch --cpu always uses" if plan.cpu_flag else f"distributed_type {plan.dt} uses"
+        diag.add(
+            "error",
+            "cpu-flag-one-process" if plan.cpu_flag else "num-processes-ignored",
+            f"{why} the simple launcher: ONE process starts for num_processes {n}, and train.py refuses to run "
+            f"alone. Set num_processes: 1, or for several processes use MULTI_GPU ({MULTI_CONFIG} on CPU)",
+        )
+
+
+def _launcher_missing(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
+    """The launcher accelerate picked is not installed (the doctor's dry run does not start it)."""
+    from accelerate.utils import is_deepspeed_available
+
     if plan.launcher == "mpirun" and not env.mpirun_available:
         diag.add(
             "error",
             "mpirun-missing",
-            f"mpirun_config.mpirun_hostfile is set ({plan.hostfile}) but neither mpirun nor mpiexec is installed; "
-            f"accelerate launch fails. Install MPI or use {MULTI_CONFIG}",
+            f"mpirun_config.mpirun_hostfile is set ({plan.args.mpirun_hostfile}) but neither mpirun nor mpiexec "
+            f"is installed; accelerate launch fails. Install MPI or use {MULTI_CONFIG}",
+        )
+    if plan.launcher == "deepspeed" and not is_deepspeed_available():
+        diag.add(
+            "error",
+            "deepspeed-missing",
+            "distributed_type DEEPSPEED but DeepSpeed is not installed: accelerate launch stops with an "
+            "ImportError. pip install deepspeed, or use MULTI_GPU or FSDP",
         )
 
 
 def _use_cpu_ignored(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
-    if not (plan.use_cpu and plan.launcher in ("torchrun", "deepspeed")):
+    """use_cpu reaches the processes only as the simple launcher's ACCELERATE_USE_CPU."""
+    if not plan.args.use_cpu or "ACCELERATE_USE_CPU" in plan.launched_env or plan.launcher == "xla":
         return
-    if env.cuda_device_count > 0 and not plan.hidden_by_gpu_ids and not plan.hidden_by_env:
+    if plan.n_gpus > 0:
         diag.add(
             "warning",
             "use-cpu-ignored",
@@ -70,33 +110,13 @@ def _use_cpu_ignored(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> Non
         diag.add("info", "use-cpu-ignored", f"use_cpu: true has no effect with the {plan.launcher} launcher")
 
 
-def _too_few_gpu_ids(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
-    if not (
-        plan.dt in MULTI_DEVICE_TYPES
-        and plan.num_machines <= 1
-        and isinstance(plan.raw_gpu_ids, str)
-        and plan.gpu_ids != "all"
-        and len(plan.gpu_ids.split(",")) < 2
-    ):
-        return
-    if plan.hidden_by_gpu_ids:
-        fix = "to hide every GPU write gpu_ids: '-1,-1' (CUDA still sees none, accelerate sees two ids)"
-    else:
-        fix = "list at least two GPUs, use gpu_ids: 'all', or for one GPU use distributed_type: 'NO'"
-    diag.add(
-        "error",
-        "too-few-gpu-ids",
-        f"distributed_type {plan.dt} on one machine with gpu_ids {plan.gpu_ids!r}: accelerate launch refuses it "
-        f"('Less than two GPU ids were configured'); {fix}",
-    )
-
-
 def _gpu_types_without_gpu(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
-    if not (plan.dt in CUDA_TYPES and plan.launcher in ("torchrun", "deepspeed")):
+    """train.py's gloo fallback (``wants_cpu_ranks``) and its warning unless ``gpus_hidden_on_purpose``."""
+    if plan.launcher not in ("torchrun", "deepspeed") or not wants_cpu_ranks(plan.rank_env, plan.n_gpus > 0):
         return
-    hidden = plan.hidden_by_gpu_ids or plan.hidden_by_env
-    if env.cuda_device_count == 0 and not hidden:
-        extra = "" if plan.dt == "MULTI_GPU" else f" ({plan.dt} itself may not support CPU)"
+    if not gpus_hidden_on_purpose(plan.rank_env):
+        other = plan.dt in CUDA_TYPES and plan.dt != "MULTI_GPU"
+        extra = f" ({plan.dt} itself may not support CPU)" if other else ""
         diag.add(
             "warning",
             "multi-gpu-without-gpu",
@@ -104,17 +124,17 @@ def _gpu_types_without_gpu(plan: LaunchPlan, env: Environment, diag: Diagnosis) 
             f"{plan.per_machine} processes and train.py falls back to gloo DDP on CPU{extra}. To mean it, use "
             f"{MULTI_CONFIG}",
         )
-    elif plan.device == "cpu" and hidden:
-        if plan.hidden_by_gpu_ids:
-            hider = f"gpu_ids {plan.gpu_ids!r}"
-        else:
-            hider = f"CUDA_VISIBLE_DEVICES={env.cuda_visible_devices!r}"
-        diag.add(
-            "info",
-            "gpus-hidden",
-            f"GPUs hidden on purpose by {hider}: torchrun starts {plan.per_machine} ranks per machine and train.py "
-            "joins them in a gloo process group on CPU",
-        )
+        return
+    if plan.hidden_by_gpu_ids:
+        hider = f"gpu_ids {plan.args.gpu_ids!r}"
+    else:
+        hider = f"CUDA_VISIBLE_DEVICES={plan.cuda_visible_devices!r}"
+    diag.add(
+        "info",
+        "gpus-hidden",
+        f"GPUs hidden on purpose by {hider}: torchrun starts {_plural(plan.per_machine, 'rank')} per machine and "
+        "train.py joins them in a gloo process group on CPU",
+    )
 
 
 def _fp16_on_cpu(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
@@ -127,14 +147,18 @@ def _fp16_on_cpu(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
         )
 
 
-FP8_BACKENDS = ("transformer_engine", "msamp", "torchao")  # what accelerate's is_fp8_available looks for
+def _bf16_on_cpu(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
+    """Whether bf16 will be faster than fp32 on this CPU (AMX: yes; AVX512-BF16 only or none: slower)."""
+    note = bf16_cpu_note(plan.mp, plan.device, env.cpu_bf16)
+    if note:
+        diag.add("info" if env.cpu_bf16 == "amx" else "warning", "bf16-on-cpu", f"mixed_precision bf16: {note}")
 
 
 def _fp8_unavailable(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
     """accelerate launch stops with a RuntimeError traceback ('FP8 is not available on this machine')."""
     if plan.mp != "fp8":
         return
-    import importlib.util
+    from accelerate.utils import is_fp8_available
 
     fix = "use mixed_precision: 'bf16' (it works on CPU too) or 'no'"
     if plan.device != "cuda":
@@ -144,7 +168,7 @@ def _fp8_unavailable(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> Non
             f"mixed_precision fp8 needs a CUDA GPU (Ada/Hopper or newer) and Transformer Engine, MS-AMP or torchao; "
             f"this plan runs on {plan.device}, where accelerate launch or the run fails; {fix}",
         )
-    elif not any(importlib.util.find_spec(name) for name in FP8_BACKENDS):
+    elif not is_fp8_available():
         diag.add(
             "error",
             "fp8-unavailable",
@@ -154,28 +178,25 @@ def _fp8_unavailable(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> Non
 
 
 def _too_many_processes(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
-    if not plan.multi_launcher:
-        return
-    per_machine, n_gpus = plan.per_machine, plan.n_gpus
-    if plan.device == "cuda" and per_machine > n_gpus:
-        diag.add(
-            "error",
-            "too-many-processes",
-            f"{per_machine} processes per machine but only {_plural(n_gpus, 'GPU')} visible to them: each "
-            f"process takes cuda:LOCAL_RANK, so local ranks {n_gpus}..{per_machine - 1} have no GPU. Set "
-            f"num_processes to {n_gpus * plan.num_machines} or fewer",
-        )
-    elif plan.device == "cpu" and per_machine > env.cpu_count:
+    from accel_train.errors import LaunchError
+    from accel_train.runtime import check_gpu_count
+
+    if plan.device == "cuda":
+        try:
+            check_gpu_count(plan.rank_env, plan.n_gpus)  # what each rank checks first
+        except LaunchError as exc:
+            diag.add("error", "too-many-processes", f"{exc} (each process takes cuda:LOCAL_RANK)")
+    elif plan.device == "cpu" and plan.per_machine > env.cpu_count:
         diag.add(
             "warning",
             "too-many-processes",
-            f"{per_machine} CPU processes per machine but only {_plural(env.cpu_count, 'core')}: "
+            f"{plan.per_machine} CPU processes per machine but only {_plural(env.cpu_count, 'core')}: "
             "they will oversubscribe the CPU and run slower than fewer processes",
         )
 
 
 def _gpu_ids_vs_machine(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
-    physical, ids, gpu_ids = env.physical_gpus, plan.gpu_ids_list, plan.gpu_ids
+    physical, ids, gpu_ids = env.physical_gpus, plan.gpu_ids_list, plan.args.gpu_ids
     missing = [g for g in ids or [] if isinstance(g, int) and physical and g >= physical]
     if missing:
         diag.add(
@@ -186,7 +207,7 @@ def _gpu_ids_vs_machine(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> 
             "gpu_ids, and inside the processes the chosen GPUs are renumbered from 0 "
             "(gpu_ids '2,3' -> cuda:0, cuda:1)",
         )
-    if ids and env.cuda_visible_devices is not None and ids != plan.env_ids:
+    if ids and env.cuda_visible_devices is not None and ids != parse_visible_devices(env.cuda_visible_devices):
         diag.add(
             "warning",
             "gpu-ids-override-cvd",
@@ -196,14 +217,15 @@ def _gpu_ids_vs_machine(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> 
         )
 
 
-def _port_in_use(plan: LaunchPlan, env: Environment, diag: Diagnosis, cfg: dict[str, Any]) -> None:
-    port = _as_int(cfg.get("main_process_port"), 29500)
-    multi_process = plan.world_size > 1 or plan.num_machines > 1
-    if not (plan.multi_launcher and multi_process and port and port > 0):
+def _port_in_use(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
+    """accelerate's own port check (torchrun, DeepSpeed); mpirun's ranks meet on MASTER_PORT unchecked."""
+    port, busy = plan.args.main_process_port, plan.port_busy
+    if plan.launcher == "mpirun" and plan.launched_env.get("MASTER_PORT") and plan.args.machine_rank == 0:
+        port = int(plan.launched_env["MASTER_PORT"])
+        busy = env.port_in_use(port)
+    if not busy:
         return
-    if not (plan.num_machines <= 1 or plan.machine_rank == 0) or not env.port_in_use(port):
-        return
-    if plan.num_machines <= 1 and plan.launcher != "mpirun":
+    if plan.args.num_machines <= 1 and plan.launcher != "mpirun":
         diag.add(
             "warning",
             "port-in-use",
@@ -229,14 +251,15 @@ def _single_process_notes(plan: LaunchPlan, env: Environment, diag: Diagnosis) -
             "nn.DataParallel. multi-process DDP (distributed_type MULTI_GPU) is faster",
         )
     elif plan.dt == "NO" and plan.device == "cpu" and env.cuda_device_count == 0 and plan.gpu_ids_list:
-        diag.add("info", "no-gpu", f"gpu_ids {plan.gpu_ids!r} but no CUDA device here: runs on CPU")
+        diag.add("info", "no-gpu", f"gpu_ids {plan.args.gpu_ids!r} but no CUDA device here: runs on CPU")
 
 
-def _multi_machine(plan: LaunchPlan, env: Environment, diag: Diagnosis, cfg: dict[str, Any]) -> None:
-    machines, rank, n = plan.num_machines, plan.machine_rank, plan.num_processes
+def _multi_machine(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
+    args = plan.args
+    machines, rank, n = args.num_machines, args.machine_rank, args.num_processes
     if machines <= 1:
         return
-    if not cfg.get("main_process_ip"):
+    if not args.main_process_ip:  # the simple launcher asserts it; torchrun would wait for host "None"
         diag.add(
             "error",
             "main-process-ip-missing",
@@ -257,20 +280,12 @@ def _multi_machine(plan: LaunchPlan, env: Environment, diag: Diagnosis, cfg: dic
             "machine-rank-out-of-range",
             f"machine_rank {rank} must be between 0 and num_machines - 1 ({machines - 1})",
         )
-    if plan.launcher == "simple" and cfg.get("main_process_port") is None:
-        diag.add(
-            "error",
-            "main-process-port-missing",
-            "the simple launcher needs main_process_port when num_machines > 1 (accelerate asserts it)",
-        )
 
 
-def _fsdp2_ram_efficient_loading(cfg: dict[str, Any], diag: Diagnosis) -> None:
+def _fsdp2_ram_efficient_loading(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
     """accelerate issue #3898: FSDP2 + cpu_ram_efficient_loading reads .device_mesh from plain buffers."""
-    fsdp = cfg.get("fsdp_config") if str(cfg.get("distributed_type", "")).upper() == "FSDP" else None
-    if not isinstance(fsdp, dict) or str(fsdp.get("fsdp_version", 1)) != "2":
-        return
-    if str(fsdp.get("fsdp_cpu_ram_efficient_loading", "")).lower() == "true":
+    fsdp = plan.launched_env
+    if fsdp.get("FSDP_VERSION") == "2" and fsdp.get("FSDP_CPU_RAM_EFFICIENT_LOADING") == "true":
         diag.add(
             "warning",
             "fsdp2-ram-efficient-loading",
@@ -280,20 +295,21 @@ def _fsdp2_ram_efficient_loading(cfg: dict[str, Any], diag: Diagnosis) -> None:
         )
 
 
-def add_traps(cfg: dict[str, Any], plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
+def add_traps(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
     """Every trap of ``plan``, as findings in ``diag``."""
     for check in (
         _one_process_launchers,
+        _launcher_missing,
         _use_cpu_ignored,
-        _too_few_gpu_ids,
         _gpu_types_without_gpu,
         _fp16_on_cpu,
+        _bf16_on_cpu,
         _fp8_unavailable,
         _too_many_processes,
         _gpu_ids_vs_machine,
+        _port_in_use,
+        _single_process_notes,
+        _multi_machine,
+        _fsdp2_ram_efficient_loading,
     ):
         check(plan, env, diag)
-    _port_in_use(plan, env, diag, cfg)
-    _single_process_notes(plan, env, diag)
-    _multi_machine(plan, env, diag, cfg)
-    _fsdp2_ram_efficient_loading(cfg, diag)

@@ -24,6 +24,7 @@ class Diagnosis:
     path: str
     plan: dict[str, Any] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
+    smoke: dict[str, Any] | None = None  # --smoke: the 2-step launch and what it recorded
 
     @property
     def errors(self) -> list[Finding]:
@@ -46,6 +47,7 @@ class Diagnosis:
             "ok": self.ok,
             "plan": self.plan,
             "findings": [f.to_dict() for f in self.findings],
+            **({"smoke": self.smoke} if self.smoke is not None else {}),
         }
 
     def add(self, level: str, code: str, message: str) -> None:
@@ -53,21 +55,8 @@ class Diagnosis:
 
 
 MULTI_CONFIG = "accelerate_configs/multi_cpu.yaml"
-
-# distributed types accelerate launches with ``--multi_gpu`` (torchrun)
-MULTI_DEVICE_TYPES = {
-    "MULTI_GPU",
-    "MULTI_NPU",
-    "MULTI_MLU",
-    "MULTI_SDAA",
-    "MULTI_MUSA",
-    "MULTI_XPU",
-    "MULTI_HPU",
-    "MULTI_NEURON",
-}
-TORCHRUN_TYPES = MULTI_DEVICE_TYPES | {"FSDP", "MEGATRON_LM"}
+# distributed types meant for CUDA GPUs (train.py falls back to gloo on CPU without one)
 CUDA_TYPES = {"MULTI_GPU", "FSDP", "DEEPSPEED", "MEGATRON_LM"}
-MIXED_PRECISION_VALUES = ("no", "fp16", "bf16", "fp8")
 
 # keys accelerate reads as strings: a plain YAML 1.1 scalar resolving to bool/int/float breaks them
 STRING_KEYS = {
@@ -193,19 +182,31 @@ def _scan_mapping(node: yaml.MappingNode, diag: Diagnosis) -> None:
         )
 
 
-def _as_int(value: Any, default: int) -> int | None:
-    if value is None:
-        return default
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:
-            return None
-    return None
+def check_distributed_type(cfg: dict[str, Any], diag: Diagnosis) -> None:
+    """A distributed_type accelerate can pick a launcher from: present, and a string."""
+    raw = cfg.get("distributed_type")
+    if raw is None and "distributed_type" not in cfg:
+        diag.add("error", "distributed-type-missing", "the config has no distributed_type; e.g. distributed_type: 'NO'")
+    elif raw is not None and not isinstance(raw, str) and "unquoted-yaml-scalar" not in diag.codes():
+        diag.add("error", "invalid-value", f"distributed_type {raw!r} is not a string such as 'NO' or 'MULTI_GPU'")
+
+
+def check_counts(cfg: dict[str, Any], diag: Diagnosis) -> None:
+    """accelerate takes these as they are: a string crashes the launcher, 0 processes start nothing useful."""
+    low = []
+    for key in ("num_processes", "num_machines", "machine_rank"):
+        value = cfg.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            diag.add("error", "invalid-value", f"{key}: {value!r} is not an integer (accelerate's launchers need one)")
+        elif key != "machine_rank" and value is not None and value < 1 and value != -1:
+            low.append(f"{key}: {value}")  # -1: num_processes left out, accelerate says so itself
+    if low:
+        diag.add(
+            "error",
+            "invalid-value",
+            f"{', '.join(low)} is invalid: num_processes and num_machines must be at least 1 (accelerate launch "
+            "fails or ignores it); e.g. num_processes: 1",
+        )
 
 
 def _plural(n: int, word: str) -> str:

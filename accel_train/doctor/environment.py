@@ -5,17 +5,16 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import shutil
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 
 def port_in_use(port: int) -> bool:
-    """Same check as ``accelerate.utils.is_port_in_use``: can we connect to localhost:port?"""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(1.0)
-        return s.connect_ex(("localhost", int(port))) == 0
+    """accelerate's own check (``accelerate.utils.is_port_in_use``): can we connect to localhost:port?"""
+    from accelerate.utils import is_port_in_use
+
+    return is_port_in_use(int(port))
 
 
 VERSION_PACKAGES = ("torch", "accelerate", "datasets", "evaluate", "torchvision")
@@ -55,6 +54,7 @@ class Environment:
     # GPUs on the machine regardless of CUDA_VISIBLE_DEVICES (gpu_ids index these);
     # None = unknown (only knowable via NVML when CUDA_VISIBLE_DEVICES is set).
     physical_gpu_count: int | None = None
+    cpu_bf16: str = "unknown"  # runtime.cpu_bf16_kind(): amx | avx512_bf16 | none | unknown
 
     @property
     def physical_gpus(self) -> int | None:
@@ -68,7 +68,7 @@ class Environment:
     def detect(cls) -> Environment:
         import torch  # needed for the device count; accelerate imports it anyway
 
-        from accel_train.runtime import available_cores
+        from accel_train.runtime import available_cores, cpu_bf16_kind
 
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         names = []
@@ -83,7 +83,9 @@ class Environment:
             try:
                 raw = torch.cuda._raw_device_count_nvml()  # private; ignores CUDA_VISIBLE_DEVICES
                 physical = raw if raw >= 0 else None
-            except Exception:  # noqa: BLE001 - no NVML here
+            except OSError:  # no libnvidia-ml: no NVIDIA driver, so no CUDA GPU at all
+                physical = 0
+            except Exception:  # noqa: BLE001 - NVML there but unusable: unknown
                 physical = None
         default_config = _default_config_path()
         return cls(
@@ -96,6 +98,7 @@ class Environment:
             default_config_path=default_config,
             port_in_use=port_in_use,
             physical_gpu_count=physical,
+            cpu_bf16=cpu_bf16_kind(),
         )
 
 

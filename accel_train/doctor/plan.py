@@ -1,51 +1,71 @@
-"""What ``accelerate launch`` will do with a config: launcher, processes, device, backend (accelerate 1.15).
+"""What ``accelerate launch --config_file F train.py`` will do, asked of accelerate itself.
 
-Mirrors ``accelerate.commands.launch.launch_command``. The traps it leads to are in ``checks.py``.
+``resolve`` runs accelerate's own ``launch_command`` (its parser, ``_validate_launch_command``, its choice
+of launcher) with the launchers replaced by stand-ins that call the same env-preparing functions the real
+ones call (``prepare_simple_launcher_cmd_env``, ``prepare_multi_gpu_env``, ``prepare_deepspeed_cmd_env``)
+and stop before anything starts. The processes per machine, the environment they get (CUDA_VISIBLE_DEVICES,
+ACCELERATE_USE_CPU, mixed precision) and the port check are accelerate's answers, on this machine or on a
+described one (``Environment``). What happens inside the processes is train.py's (``ranks.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import argparse
+import contextlib
+import logging
+import os
+import warnings
+from dataclasses import dataclass, field
 from typing import Any
+from unittest import mock
 
-from accel_train.doctor.configfile import (
-    CUDA_TYPES,
-    MIXED_PRECISION_VALUES,
-    TORCHRUN_TYPES,
-    Diagnosis,
-    _as_int,
-    _plural,
-)
 from accel_train.doctor.environment import Environment, parse_visible_devices
-from accel_train.runtime import fp16_ignored, should_use_data_parallel
 
+SCRIPT = "train.py"  # any name: accelerate only passes it on
 MULTI_LAUNCHERS = ("torchrun", "deepspeed", "mpirun")
+# accelerate runs `mpirun --version` to choose between Open MPI's and Intel MPI's flag names; the doctor
+# needs no flag names (and must not need mpirun on the machine it describes): Open MPI's stand in.
+_MPIRUN_ARGS = ("mpirun", "--hostfile", "-n", "--npernode", "--bind-to")
 
 
 @dataclass
 class LaunchPlan:
-    """The config's numbers and what the launcher makes of them on ``env``."""
+    """accelerate's resolved arguments and the processes' environment, then what train.py makes of them."""
 
-    dt: str
-    cpu_flag: bool  # accelerate launch --cpu
-    use_cpu: bool
-    num_machines: int
-    machine_rank: int
-    num_processes: int
-    raw_gpu_ids: Any
-    gpu_ids: str
-    gpu_ids_list: list | None
-    env_ids: list | None
-    mp: Any
-    hostfile: Any
-    launcher: str = "simple"
+    argv: list[str]  # after `accelerate launch`
+    dt: str  # the config's distributed_type
+    args: argparse.Namespace  # as accelerate resolved them (config file + command line)
+    launcher: str  # simple | mpirun | torchrun | deepspeed | xla | sagemaker
+    launched_env: dict[str, str]  # the environment accelerate gives the processes
+    shell_env: dict[str, str]  # the environment they would inherit without accelerate
+    port_busy: bool = False
+    # what train.py makes of it (ranks.py)
     per_machine: int = 1
     world_size: int = 1
-    n_gpus: int = 0
-    cpu_forced: bool = False
+    relaunch: bool = False  # train.py starts the ranks itself (elastic.relaunch_as_ranks)
+    refusal: str | None = None  # train.py's one line when it refuses the launch
+    rank_env: dict[str, str] = field(default_factory=dict)
+    n_gpus: int = 0  # GPUs each process sees
     device: str = "cpu"
     backend: str | None = None
+    run_dt: str = "NO"  # the Accelerator's distributed_type inside the run
     data_parallel: bool = False
+
+    @property
+    def cpu_flag(self) -> bool:  # accelerate launch --cpu
+        return bool(self.args.cpu)
+
+    @property
+    def mp(self) -> str:
+        return str(self.args.mixed_precision).lower()
+
+    @property
+    def gpu_ids_list(self) -> list | None:
+        return None if self.args.gpu_ids == "all" else parse_visible_devices(self.args.gpu_ids)
+
+    @property
+    def cuda_visible_devices(self) -> str | None:
+        return self.rank_env.get("CUDA_VISIBLE_DEVICES")
 
     @property
     def hidden_by_gpu_ids(self) -> bool:
@@ -53,201 +73,117 @@ class LaunchPlan:
 
     @property
     def hidden_by_env(self) -> bool:
-        return self.env_ids == [] and self.gpu_ids == "all"
+        return self.args.gpu_ids == "all" and parse_visible_devices(self.shell_env.get("CUDA_VISIBLE_DEVICES")) == []
 
     @property
     def multi_launcher(self) -> bool:
         return self.launcher in MULTI_LAUNCHERS
 
 
-def _distributed_type(cfg: dict[str, Any], diag: Diagnosis) -> str | None:
-    raw_dt = cfg.get("distributed_type")
-    if raw_dt is None:
-        if "distributed_type" not in cfg:
-            missing = "the config has no distributed_type; e.g. distributed_type: 'NO'"
-            diag.add("error", "distributed-type-missing", missing)
-        return None
-    if not isinstance(raw_dt, str):
-        if not any(f.code == "unquoted-yaml-scalar" and "distributed_type" in f.message for f in diag.findings):
-            diag.add(
-                "error", "invalid-value", f"distributed_type {raw_dt!r} is not a string such as 'NO' or 'MULTI_GPU'"
-            )
-        return None  # accelerate cannot pick a launcher from it
-    return raw_dt
+class Refused(Exception):
+    """accelerate launch stops before starting anything; ``cause`` is its exception."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(" ".join(f"{type(cause).__name__}: {cause}".split()))
+        self.cause = cause
 
 
-def _counts(cfg: dict[str, Any], dt: str, diag: Diagnosis) -> tuple[int, int, int] | None:
-    num_machines = _as_int(cfg.get("num_machines"), 1)
-    machine_rank = _as_int(cfg.get("machine_rank"), 0)
-    num_processes = _as_int(cfg.get("num_processes"), 1 if dt == "NO" else -1)
-    named = (("num_machines", num_machines), ("machine_rank", machine_rank), ("num_processes", num_processes))
-    for key, value in named:
-        if value is None:
-            diag.add("error", "invalid-value", f"{key}: {cfg.get(key)!r} is not an integer")
-    if num_machines is None or machine_rank is None or num_processes is None:
-        return None
-    if num_processes == -1:
-        diag.add(
-            "error",
-            "num-processes-missing",
-            f"distributed_type {dt} without num_processes: accelerate launch stops with "
-            "'You need to manually pass in --num_processes'; add num_processes: N",
-        )
-        return None
-    if num_processes < 1 or num_machines < 1:
-        bad = ", ".join(f"{key}: {value}" for key, value in named[::2] if value < 1)
-        diag.add(
-            "error",
-            "invalid-value",
-            f"{bad} is invalid: num_processes and num_machines must be at least 1 (accelerate launch fails or "
-            "ignores it); e.g. num_processes: 1",
-        )
-        return None
-    return num_machines, machine_rank, num_processes
+def _stand_ins(seen: dict[str, Any], validate) -> dict[str, Any]:
+    """accelerate's launchers, stopped where they would start processes (and its validation, recorded)."""
+    from accelerate.utils import launch as prepare
 
+    def validated(args):
+        args, defaults, mp_from_config = validate(args)
+        seen["defaults"] = defaults
+        return args, defaults, mp_from_config
 
-def read_plan(cfg: dict[str, Any], env: Environment, diag: Diagnosis, *, cpu: bool) -> LaunchPlan | None:
-    """The launch plan, or None when the config cannot be launched at all (the reason is in ``diag``)."""
-    dt = _distributed_type(cfg, diag)
-    if dt is None:
-        return None
-    if cfg.get("compute_environment") == "AMAZON_SAGEMAKER":
-        diag.plan = {"launcher": "sagemaker", "distributed_type": dt, "num_machines": cfg.get("num_machines", 1)}
-        remote = "AMAZON_SAGEMAKER configs run remotely; only the file itself was checked"
-        diag.add("info", "sagemaker-not-checked", remote)
-        return None
-    counts = _counts(cfg, dt, diag)
-    if counts is None:
-        return None
-    raw_gpu_ids = cfg.get("gpu_ids")
-    gpu_ids = "all" if raw_gpu_ids is None else str(raw_gpu_ids)
-    raw_mp = cfg.get("mixed_precision")
-    mp = "no" if raw_mp is None else raw_mp
-    if isinstance(mp, str) and mp.lower() not in MIXED_PRECISION_VALUES:
-        choices = ", ".join(MIXED_PRECISION_VALUES)
-        diag.add("error", "invalid-value", f"mixed_precision: {mp!r} is not one of {choices}")
-    mpirun_config = cfg.get("mpirun_config")
-    plan = LaunchPlan(
-        dt=dt,
-        cpu_flag=cpu,
-        use_cpu=cfg.get("use_cpu") is True,
-        num_machines=counts[0],
-        machine_rank=counts[1],
-        num_processes=counts[2],
-        raw_gpu_ids=raw_gpu_ids,
-        gpu_ids=gpu_ids,
-        gpu_ids_list=None if gpu_ids == "all" else parse_visible_devices(gpu_ids),
-        env_ids=parse_visible_devices(env.cuda_visible_devices),
-        mp=mp.lower() if isinstance(mp, str) else mp,
-        hostfile=mpirun_config.get("mpirun_hostfile") if isinstance(mpirun_config, dict) else None,
-    )
-    _resolve_launch(plan, env)
-    return plan
+    def simple(args):
+        cmd, env = prepare.prepare_simple_launcher_cmd_env(args)
+        seen.update(launcher="mpirun" if cmd[0] == _MPIRUN_ARGS[0] else "simple", args=args, env=env)
 
+    def multi_gpu(args):
+        seen.update(launcher="torchrun", args=args, env=prepare.prepare_multi_gpu_env(args))
 
-def _launcher(plan: LaunchPlan) -> str:
-    if plan.cpu_flag:
-        return "mpirun" if plan.hostfile else "simple"
-    if plan.dt == "DEEPSPEED":
-        return "deepspeed"
-    if plan.dt in TORCHRUN_TYPES:
-        return "torchrun"
-    if plan.dt == "XLA":
-        return "xla"
-    return "mpirun" if plan.hostfile else "simple"
+    def deepspeed(args):
+        seen.update(launcher="deepspeed", args=args, env=prepare.prepare_deepspeed_cmd_env(args)[1])
 
+    def xla(args):
+        seen.update(launcher="xla", args=args, env=dict(os.environ))
 
-def _visible_gpus(plan: LaunchPlan, env: Environment) -> int:
-    """GPUs the launched processes see (gpu_ids replaces CUDA_VISIBLE_DEVICES)."""
-    physical = env.physical_gpus
-    if plan.gpu_ids_list is None:
-        return env.cuda_device_count
-    if physical is None:
-        return len(plan.gpu_ids_list)
-    n_gpus = 0
-    for gid in plan.gpu_ids_list:
-        if not isinstance(gid, int) or gid >= physical:
-            break
-        n_gpus += 1
-    return n_gpus
+    def sagemaker(defaults, args):
+        seen.update(launcher="sagemaker", args=args, env={})
 
-
-def _resolve_launch(plan: LaunchPlan, env: Environment) -> None:
-    plan.launcher = _launcher(plan)
-    if plan.multi_launcher:
-        machines = plan.num_machines
-        plan.per_machine = plan.num_processes // machines if machines > 1 else plan.num_processes
-        plan.world_size = plan.per_machine * machines if plan.launcher != "mpirun" else plan.num_processes
-    plan.n_gpus = _visible_gpus(plan, env)
-    plan.cpu_forced = plan.cpu_flag or (plan.launcher in ("simple", "mpirun") and plan.use_cpu)
-    if plan.launcher == "xla":
-        plan.device = "xla"
-    else:
-        plan.device = "cpu" if plan.cpu_forced or plan.n_gpus == 0 else "cuda"
-    if plan.world_size > 1:
-        plan.backend = "nccl" if plan.device == "cuda" else "gloo" if plan.device == "cpu" else None
-    # the rules train.py applies at run time (runtime.py owns them)
-    plan.data_parallel = plan.launcher == "simple" and should_use_data_parallel(plan.dt, plan.device, plan.n_gpus)
-
-
-def _why_cpu(plan: LaunchPlan, env: Environment) -> str:
-    if plan.device != "cpu":
-        return ""
-    if plan.cpu_flag:
-        return " (accelerate launch --cpu)"
-    if plan.hidden_by_gpu_ids:
-        return f" (GPUs hidden by gpu_ids {plan.gpu_ids!r})"
-    if plan.hidden_by_env:
-        return f" (GPUs hidden by CUDA_VISIBLE_DEVICES={env.cuda_visible_devices!r})"
-    if plan.use_cpu and plan.cpu_forced:
-        return " (use_cpu: true)"
-    if plan.dt in CUDA_TYPES and plan.launcher in ("torchrun", "deepspeed"):
-        return " (no CUDA device: train.py's fallback)"
-    return ""
-
-
-def _summary(plan: LaunchPlan, env: Environment) -> str:
-    why_cpu = _why_cpu(plan, env)
-    procs = _plural(plan.world_size, "process")
-    multi_machine = plan.num_machines > 1 and plan.launcher != "simple"
-    if multi_machine:
-        procs += (
-            f" ({plan.per_machine} per machine x {plan.num_machines} machines; "
-            f"this is machine rank {plan.machine_rank})"
-        )
-    if plan.world_size > 1 or multi_machine:
-        if plan.device == "cuda":
-            where = f"on {_plural(plan.n_gpus, 'GPU')}" + (" per machine" if plan.num_machines > 1 else "")
-        else:
-            where = "on CPU" if plan.device == "cpu" else f"on {plan.device}"
-        return f"{procs}, {plan.backend or plan.dt} DDP {where}{why_cpu}"
-    if plan.data_parallel:
-        return f"1 process, nn.DataParallel over {plan.n_gpus} GPUs"
-    if plan.device == "cuda":
-        return f"1 process on cuda:0 (of {_plural(plan.n_gpus, 'visible GPU')})"
-    return f"1 process on {plan.device}{why_cpu}"
-
-
-def describe(plan: LaunchPlan, env: Environment) -> dict[str, Any]:
-    """The plan as the report shows it (``Diagnosis.plan``)."""
-    if fp16_ignored(plan.mp, plan.device):
-        effective_mp = "no (fp16 ignored on CPU)"
-    elif isinstance(plan.mp, str):
-        effective_mp = plan.mp
-    else:
-        effective_mp = f"{plan.mp!r} (invalid)"
     return {
-        "summary": _summary(plan, env),
-        "launcher": plan.launcher,
-        "processes_per_machine": plan.per_machine,
-        "num_machines": plan.num_machines,
-        "machine_rank": plan.machine_rank,
-        "world_size": plan.world_size,
-        "backend": plan.backend,
-        "device": plan.device,
-        "visible_gpus": plan.n_gpus if plan.device == "cuda" else 0,
-        "gpu_ids": plan.gpu_ids,
-        "mixed_precision": effective_mp,
-        "distributed_type": plan.dt,
-        "data_parallel": plan.data_parallel,
+        "_validate_launch_command": validated,
+        "simple_launcher": simple,
+        "multi_gpu_launcher": multi_gpu,
+        "deepspeed_launcher": deepspeed,
+        "tpu_launcher": xla,
+        "tpu_pod_launcher": xla,
+        "sagemaker_launcher": sagemaker,
     }
+
+
+def shell_environment(env: Environment) -> dict[str, str]:
+    """This process's environment without launcher variables, with ``env``'s CUDA_VISIBLE_DEVICES."""
+    from accel_train.launch import child_env
+
+    shell = child_env()
+    shell.pop("CUDA_VISIBLE_DEVICES", None)
+    if env.cuda_visible_devices is not None:
+        shell["CUDA_VISIBLE_DEVICES"] = env.cuda_visible_devices
+    return shell
+
+
+def _accelerate_launch(argv: list[str], shell: dict[str, str], port_in_use) -> dict[str, Any]:
+    """Run accelerate's ``launch_command`` on ``argv`` up to the point where it would start processes."""
+    from accelerate.commands import launch as cli
+    from accelerate.utils import launch as prepare
+
+    args = cli.launch_command_parser().parse_args(argv)
+    seen: dict[str, Any] = {}
+    free_ports: list[int] = []  # main_process_port 0: accelerate picks a free one, nothing to check
+    get_free_port = prepare.get_free_port
+
+    def free_port() -> int:
+        free_ports.append(get_free_port())
+        return free_ports[-1]
+
+    def checked(port: int) -> bool:
+        return port not in free_ports and port_in_use(port)
+
+    quiet = logging.getLogger(cli.__name__)  # its "values were not passed" notes
+    with contextlib.ExitStack() as stack:
+        for name, stand_in in _stand_ins(seen, cli._validate_launch_command).items():
+            stack.enter_context(mock.patch.object(cli, name, stand_in))
+        stack.enter_context(mock.patch.object(prepare, "get_free_port", free_port))
+        stack.enter_context(mock.patch.object(prepare, "is_port_in_use", checked))
+        stack.enter_context(mock.patch.object(prepare, "is_fp8_available", lambda: True))  # checks.py asks
+        stack.enter_context(mock.patch.object(prepare, "_get_mpirun_args", lambda: _MPIRUN_ARGS))
+        stack.enter_context(mock.patch.dict(os.environ, shell, clear=True))
+        stack.enter_context(mock.patch.object(quiet, "disabled", True))
+        stack.enter_context(warnings.catch_warnings(record=True))  # the port warning: args.standalone says it
+        try:
+            cli.launch_command(args)
+        except Exception as exc:  # noqa: BLE001 - accelerate launch would stop here: a finding
+            raise Refused(exc) from exc
+    return seen
+
+
+def resolve(path: str, env: Environment, launch_args: tuple[str, ...] = ()) -> LaunchPlan:
+    """accelerate's plan for ``accelerate launch [launch_args] --config_file path`` on ``env``.
+
+    Raises ``Refused`` when accelerate would stop before starting anything. When a port in use is what
+    stops it (rank 0 of several machines), ``port_busy`` says so and the plan is made with the port free.
+    """
+    argv = [*launch_args, "--config_file", str(path), SCRIPT]
+    shell = shell_environment(env)
+    try:
+        seen = _accelerate_launch(argv, shell, env.port_in_use)
+        busy = bool(getattr(seen["args"], "standalone", False))  # accelerate warned and picks another port
+    except Refused as refused:
+        if not isinstance(refused.cause, ConnectionError):
+            raise
+        seen, busy = _accelerate_launch(argv, shell, lambda port: False), True
+    dt = seen["defaults"].distributed_type
+    return LaunchPlan(argv, str(getattr(dt, "value", dt)), seen["args"], seen["launcher"], seen["env"], shell, busy)

@@ -1,7 +1,6 @@
-"""Accuracy as a local `evaluate` module, loaded by path (no hub access).
-
-Keep ``import datasets`` and ``import evaluate`` on separate lines: evaluate's
-dependency scanner reads this file's imports line by line.
+"""Accuracy as an `evaluate` metric, built by ``accel_train.metrics.load_metric`` (no hub access,
+no module cache). The file also loads with ``evaluate.load(path)``, whose dependency scanner reads
+its imports line by line: keep ``import datasets`` and ``import evaluate`` on separate lines.
 """
 
 import datasets

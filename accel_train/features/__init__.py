@@ -1,0 +1,131 @@
+"""Training features (issue 14): EMA, label smoothing, mixup/cutmix, early stopping, keyed dropout, auto micro-batch.
+
+Each keeps the parity promise (same global batch => same weights on any number of processes): its
+randomness is keyed on ``(seed, epoch, global sample index)`` through :mod:`accel_train.keyed`, never on
+the rank or the global RNG, and its state travels in checkpoints, so a resume is exact.
+:class:`TrainFeatures` is all the trainer sees of them.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from accel_train.errors import UserError
+from accel_train.features.dropout import DropoutKeys, KeyedDropout, use_keyed_dropout
+from accel_train.features.early_stop import EarlyStopping
+from accel_train.features.ema import EMA_FILE, WeightEMA
+from accel_train.features.mix import Mixed, Mixer
+
+__all__ = ["DropoutKeys", "EarlyStopping", "KeyedDropout", "Mixer", "TrainFeatures", "WeightEMA", "use_keyed_dropout"]
+
+
+@dataclass
+class TrainFeatures:
+    """The features one run uses; the defaults are a plain cross-entropy step."""
+
+    label_smoothing: float = 0.0
+    mixer: Mixer | None = None
+    dropout: DropoutKeys | None = None
+    ema: WeightEMA | None = None
+    early: EarlyStopping | None = None
+
+    @classmethod
+    def for_run(cls, cfg, model: nn.Module, dropout: DropoutKeys | None, acc) -> TrainFeatures:
+        """Call on the unwrapped model right before ``prepare`` (the EMA copies it then)."""
+        from accelerate.utils import DistributedType
+
+        mixing = cfg.mixup > 0 or cfg.cutmix > 0
+        ema = None
+        if cfg.ema is not None:
+            if acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+                raise UserError(
+                    f"--ema averages the full weights on every process, which {acc.distributed_type.value} shards; "
+                    "drop --ema or train with DDP (accelerate_configs/multi_gpu.yaml)"
+                )
+            ema = WeightEMA(model, cfg.ema, acc.device)
+        return cls(
+            label_smoothing=cfg.label_smoothing,
+            mixer=Mixer(cfg.mixup, cfg.cutmix, cfg.seed) if mixing else None,
+            dropout=dropout,
+            ema=ema,
+            early=EarlyStopping(cfg.early_stop_patience, cfg.early_stop_min_delta) if cfg.early_stop_patience else None,
+        )
+
+    # ---- the train step ------------------------------------------------------------------------------------
+    def forward(
+        self, model: nn.Module, x: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor, epoch: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(logits, loss)`` of a normalised micro-batch whose samples have global indices ``indices``."""
+        mixed = None
+        if self.mixer is not None:
+            x, mixed = self.mixer(x, indices, epoch)
+        with self.dropout.batch(epoch, indices) if self.dropout is not None else nullcontext():
+            logits = model(x)
+        return logits, self.loss(logits, labels, mixed)
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor, mixed: Mixed | None = None) -> torch.Tensor:
+        logits = logits.float()
+        if mixed is None:
+            return F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
+        own = F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing, reduction="none")
+        other = F.cross_entropy(logits, labels[mixed.partner], label_smoothing=self.label_smoothing, reduction="none")
+        return (mixed.lam * own + (1.0 - mixed.lam) * other).mean()
+
+    def after_optimizer_step(self) -> None:
+        """After an applied (not skipped) optimizer step."""
+        if self.ema is not None:
+            self.ema.update()
+
+    def observe_eval(self, result: dict[str, Any], step: int) -> str | None:
+        """An evaluation during training; returns the early-stopping reason when it ends the run."""
+        return self.early.observe(result["eval_accuracy"], step) if self.early is not None else None
+
+    def stopped_early(self) -> str | None:
+        """Why a resumed run had already stopped early (None: it goes on)."""
+        return self.early.reason() if self.early is not None else None
+
+    # ---- evaluation and export -----------------------------------------------------------------------------
+    @staticmethod
+    def ema_results(result: dict[str, Any]) -> dict[str, Any]:
+        """``eval_accuracy``, ``eval_loss`` of the EMA weights as ``eval_ema_accuracy``, ``eval_ema_loss``."""
+        return {"eval_ema_accuracy": result["eval_accuracy"], "eval_ema_loss": result["eval_loss"]}
+
+    def ema_summary(self, final: dict[str, Any]) -> dict[str, Any]:
+        """The EMA's final figures for summary.json (nothing without --ema)."""
+        return {k: final[k] for k in ("eval_ema_accuracy", "eval_ema_loss") if k in final}
+
+    def export_ema(self, out_dir: Path, model_config: dict[str, Any]) -> None:
+        if self.ema is not None:
+            from accel_train.checkpoint.weights import export_weights
+
+            export_weights(self.ema.state_dict(), out_dir, model_config)
+
+    # ---- checkpoints ---------------------------------------------------------------------------------------
+    def checkpoint_extra(self) -> dict[str, Any]:
+        """What goes into ``state.extra`` (progress.json)."""
+        extra: dict[str, Any] = {}
+        if self.ema is not None:
+            extra["ema"] = {"decay": self.ema.decay, "updates": self.ema.updates}
+        if self.early is not None:
+            extra["early_stop"] = self.early.state()
+        return extra
+
+    def checkpoint_files(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Extra safetensors files of a checkpoint folder: name -> tensors."""
+        return {EMA_FILE: self.ema.state_dict()} if self.ema is not None else {}
+
+    def restore(self, extra: dict[str, Any], checkpoint: Path) -> None:
+        """The features' state from a checkpoint that has passed ``verify_checkpoint``."""
+        if self.ema is not None:
+            saved = extra.get("ema")
+            updates = saved.get("updates") if isinstance(saved, dict) else None
+            self.ema.load(checkpoint, updates if isinstance(updates, int) else 0)
+        if self.early is not None:
+            self.early.restore(extra.get("early_stop"), str(checkpoint))

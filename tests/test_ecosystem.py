@@ -1,0 +1,270 @@
+"""Issue 13: what the libraries already do, used; and where they fall short, shown.
+
+Trackers (any of accelerate's, checked before the run), the metric (no files, no locks, built at first
+use), the state-dict helpers (torch/accelerate where they do the job) and the stratified split (datasets).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import FAST, REPO, SMALL_RUN, _env, check, launch_cmd, metrics
+from torch import nn
+
+from accel_train.config import parse_config
+from accel_train.errors import UserError
+from accel_train.tracking import tracker_names
+
+TINY = [
+    "--dataset", "synthetic", "--synthetic-size", "128", "--synthetic-test-size", "96",
+    "--synthetic-image-size", "16", "--model", "lenet", "--batch-size", "16", "--no-plots", "--no-progress",
+]  # fmt: skip
+
+
+def _run(script: str, *args: str, config: str | None = None, env: dict[str, str] | None = None):
+    """``run_script`` with MLflow's own settings taken out of the environment (they would redirect the run)."""
+    base = {k: v for k, v in _env(env).items() if not k.startswith("MLFLOW_")}
+    cmd = launch_cmd(script, *args, config=config)
+    return subprocess.run(cmd, cwd=REPO, env=base, capture_output=True, text=True, timeout=600)
+
+
+def _files(*roots: Path) -> set[Path]:
+    return {p for root in roots if root.exists() for p in root.rglob("*") if p.is_file()}
+
+
+# --------------------------------------------------------------------------- trackers
+
+
+@pytest.mark.parametrize(
+    ("value", "names"),
+    [
+        ("none", []),
+        ("all", ["tensorboard", "csv"]),
+        ("csv", ["csv"]),
+        (" csv , mlflow ", ["csv", "mlflow"]),
+        ("all,mlflow,csv", ["tensorboard", "csv", "mlflow"]),
+        ("wandb,comet_ml", ["wandb", "comet_ml"]),
+    ],
+)
+def test_report_to_takes_comma_separated_accelerate_trackers(value, names):
+    assert tracker_names(value) == names
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        ("tensorbord", "unknown tracker 'tensorbord'"),
+        ("csv,", "unknown tracker ''"),
+        ("none,csv", "'none' cannot be combined"),
+    ],
+)
+def test_unknown_trackers_are_one_line_naming_every_choice(value, needle):
+    with pytest.raises(UserError) as err:
+        parse_config(["--report-to", value])
+    message = str(err.value)
+    assert "\n" not in message and needle in message
+    assert all(name in message for name in ("none", "all", "csv", "tensorboard", "mlflow", "wandb", "dvclive"))
+
+
+def test_trackers_keep_their_files_in_the_run_folder_and_registered_ones_work(tmp_path, monkeypatch):
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker
+
+    from accel_train.tracking import CSVTracker, RunFolderMLflowTracker, trackers_for
+
+    class Mine(GeneralTracker):  # a tracker of the user's, registered with accelerate
+        name = "mine"
+        requires_logging_directory = True
+        tracker = None
+
+        def __init__(self, project: str, logging_dir: str):
+            super().__init__()
+            self.project, self.logging_dir = project, logging_dir
+
+    monkeypatch.setitem(LOGGER_TYPE_TO_CLASS, "mine", Mine)  # what register_tracker_class does
+    tensorboard, csv_tracker, mlflow, mine = trackers_for("all,mlflow,mine", tmp_path / "run")
+    assert tensorboard == "tensorboard"  # by name: accelerate writes it to <run>/tb
+    assert isinstance(csv_tracker, CSVTracker) and csv_tracker.path == tmp_path / "run" / "metrics.csv"
+    assert isinstance(mlflow, RunFolderMLflowTracker) and mlflow.store == tmp_path / "run" / "mlruns"
+    assert isinstance(mine, Mine) and (mine.project, mine.logging_dir) == (
+        "accel_train",
+        str(tmp_path / "run" / "mine"),
+    )
+    assert parse_config(["--report-to", "mine"]).report_to == "mine"
+
+
+def test_a_tracker_without_its_package_is_one_line_naming_it_before_the_run(tmp_path, monkeypatch):
+    import accelerate.tracking
+
+    from accel_train.loop import fit
+
+    monkeypatch.setattr(accelerate.tracking, "get_available_trackers", lambda: [])
+    for tracker, package in (("mlflow", "mlflow"), ("comet_ml", "comet-ml"), ("tensorboard", "tensorboard")):
+        with pytest.raises(UserError, match=f"--report-to {tracker} needs the {package} package: pip install"):
+            parse_config(["--report-to", f"csv,{tracker}"])
+    # a resumed run may bring its report_to back from the checkpoint: fit checks again, before any folder exists
+    cfg = parse_config([*SMALL_RUN, "--output-dir", str(tmp_path / "run")])
+    cfg.report_to = "mlflow"
+    with pytest.raises(UserError, match="pip install mlflow"):
+        fit(cfg)
+    assert not (tmp_path / "run").exists()
+
+
+def test_report_to_mlflow_logs_the_run_into_the_run_folder(tmp_path):
+    """MLflow (accelerate's tracker) next to the CSV one: the same values as metrics.jsonl, in <run>/mlruns."""
+    pytest.importorskip("mlflow", reason="pip install mlflow-skinny (requirements-dev.txt)")
+    out = tmp_path / "run"
+    check(
+        _run(
+            "train.py",
+            *TINY,
+            "--max-steps",
+            "6",
+            "--log-every",
+            "3",
+            "--report-to",
+            "mlflow,csv",
+            "--output-dir",
+            str(out),
+        )
+    )
+    store = out / "mlruns"
+    [run] = [p.parent for p in store.glob("*/*/meta.yaml") if p.parent.parent.name != "0"]
+    meta = (run / "meta.yaml").read_text()
+    assert "run_name: run" in meta and "status: 3" in meta  # 3: FINISHED
+    experiment = (run.parent / "meta.yaml").read_text()
+    assert "name: accel_train" in experiment
+
+    def logged(name: str) -> list[tuple[int, float]]:  # MLflow's file store: "<timestamp> <value> <step>" lines
+        return [
+            (int(s), float(v))
+            for _, v, s in (line.split() for line in (run / "metrics" / name).read_text().splitlines())
+        ]
+
+    records = metrics(out)
+    evals = [(r["step"], r["eval_accuracy"]) for r in records if r["event"] == "eval"]
+    trains = [(r["step"], r["loss"]) for r in records if r["event"] == "train"]
+    assert evals and logged("eval_accuracy") == pytest.approx(evals)
+    assert [s for s, _ in trains] == [3, 6] and logged("train/loss") == pytest.approx(trains)
+    assert "eval_accuracy" in (out / "metrics.csv").read_text().splitlines()[0]
+    assert not (out / "tb").exists() and not (REPO / "mlruns").exists()
+
+
+# --------------------------------------------------------------------------- metric
+
+
+def _hf_env(root: Path) -> dict[str, str]:
+    """Every cache the HF libraries write to, under ``root`` (whatever the user's environment says)."""
+    names = ("HF_HOME", "HF_EVALUATE_CACHE", "HF_METRICS_CACHE", "HF_MODULES_CACHE", "HF_DATASETS_CACHE")
+    return {name: str(root / name.lower()) for name in names}
+
+
+def test_evaluate_load_with_its_defaults_writes_cache_and_lock_files(tmp_path):
+    """The control for the test below: the counting sees what ``evaluate.load`` + compute leave behind."""
+    script = (
+        "import evaluate, sys; m = evaluate.load(sys.argv[1]); "
+        "m.add_batch(predictions=[1, 0], references=[1, 1]); print(m.compute())"
+    )
+    path = REPO / "accel_train" / "metrics" / "accuracy" / "accuracy.py"
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(path)], env=_env(_hf_env(tmp_path)), capture_output=True, text=True
+    )
+    check(proc)
+    written = {p.name for p in _files(tmp_path)}
+    assert "accuracy.py" in written and "default_experiment-1-0.arrow.lock" in written, written
+
+
+def test_two_process_run_and_evaluation_write_no_metric_files(tmp_path):
+    """Two gloo ranks evaluate at steps 2, 4 and 6 while training, then ``eval.py`` on 2 ranks: no cache or lock file
+    anywhere in the HF caches, and the evaluation writes nothing but its report."""
+    env = _hf_env(tmp_path / "hf")
+    out = tmp_path / "run"
+    args = [*TINY, *FAST, "--max-steps", "6", "--eval-every", "2", "--output-dir", str(out)]
+    check(_run("train.py", *args, config="multi_cpu.yaml", env=env))
+    assert {r["step"] for r in metrics(out) if r["event"] == "eval"} == {2, 4, 6}
+    assert _files(tmp_path / "hf") == set()
+    assert not [p for p in _files(out) if p.suffix in (".arrow", ".lock") and p.name != ".lock"]  # .lock: the run's
+
+    before = _files(tmp_path)
+    report = tmp_path / "eval.json"
+    proc = check(
+        _run("eval.py", "--weights", str(out / "model"), "--out", str(report), config="multi_cpu.yaml", env=env)
+    )
+    written = json.loads(report.read_text())
+    assert written["world_size"] == 2 and f"on {written['samples']} samples" in proc.stdout
+    assert _files(tmp_path) - before == {report}
+    assert _files(tmp_path / "hf") == set()
+
+
+def test_loading_the_metric_does_not_import_evaluate():
+    """``load_metric`` is cheap at start-up; ``evaluate`` (datasets, scipy.stats) is imported at the first use."""
+    script = (
+        "import sys; from accel_train.metrics import load_metric; m = load_metric('accuracy'); "
+        "assert 'evaluate' not in sys.modules and 'datasets' not in sys.modules, 'imported at load'; "
+        "m.add_batch(predictions=[1, 0, 2], references=[1, 1, 2]); print(m.compute()['accuracy']); "
+        "print('evaluate' in sys.modules)"
+    )
+    proc = check(subprocess.run([sys.executable, "-c", script], env=_env(), capture_output=True, text=True, cwd=REPO))
+    assert proc.stdout.split() == [str(2 / 3), "True"]
+    with pytest.raises(ValueError, match="no local metric"):
+        from accel_train.metrics import load_metric
+
+        load_metric("bleu")
+
+
+# --------------------------------------------------------------------------- state-dict keys
+
+
+def test_torch_prefix_helper_loses_a_tensor_where_ours_keeps_both():
+    """Why ``keys._strip_uniform`` is our own: torch renames in place, key by key."""
+    from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+
+    from accel_train.checkpoint.keys import unwrap_state_dict
+
+    outer, inner = torch.zeros(1), torch.ones(1)  # a model with a parameter `a` and a child `module` with one
+    ddp = {"module.module.a": inner, "module.a": outer}
+    torch_sd = dict(ddp)
+    consume_prefix_in_state_dict_if_present(torch_sd, "module.")
+    assert set(torch_sd) == {"a"} and torch_sd["a"] is inner  # `module.a` was overwritten, `outer` is gone
+    ours, prefixes = unwrap_state_dict(ddp)
+    assert ours["module.a"] is inner and ours["a"] is outer and len(ours) == 2 and prefixes == ["module."]
+
+    mixed = {"module.a": outer, "b": inner}  # some keys only: torch strips them, we leave and report them
+    torch_sd = dict(mixed)
+    consume_prefix_in_state_dict_if_present(torch_sd, "module.")
+    assert set(torch_sd) == {"a", "b"}
+    ours, prefixes = unwrap_state_dict(mixed)
+    assert set(ours) == {"module.a", "b"} and prefixes == []
+
+
+def test_unwrap_model_uses_accelerate_and_repeats_for_compile_inside_a_wrapper():
+    from accelerate.utils import extract_model_from_parallel
+
+    from accel_train.checkpoint.keys import unwrap_model
+
+    plain = nn.Linear(2, 2)
+    wrapped = nn.DataParallel(torch.compile(plain))  # compiled, then wrapped: the compile is inside
+    once = extract_model_from_parallel(wrapped, keep_torch_compile=False)
+    assert once is not plain and once._orig_mod is plain  # one call leaves the inner compile on
+    assert unwrap_model(wrapped) is plain
+    assert unwrap_model(torch.compile(nn.DataParallel(plain))) is plain
+    assert unwrap_model(plain) is plain
+
+
+# --------------------------------------------------------------------------- stratified split
+
+
+def test_stratified_split_is_datasets_split_deterministic_from_the_seed():
+    from accel_train.data.base import stratified_split
+
+    labels = torch.tensor([7] * 10 + [3] * 20 + [5] * 30)  # any label values, unbalanced
+    train, test = stratified_split(labels, 0.2, seed=1)
+    assert len(test) == 12 and len(train) == 48 and sorted(torch.cat([train, test]).tolist()) == list(range(60))
+    assert [int((labels[test] == c).sum()) for c in (7, 3, 5)] == [2, 4, 6]  # stratified
+    assert torch.equal(stratified_split(labels, 0.2, seed=1)[1], test)
+    assert not torch.equal(stratified_split(labels, 0.2, seed=2)[1], test)
+    assert all(len(part) == 0 for part in stratified_split(torch.tensor([0, 1, 2, 0]), 0.25, seed=0))

@@ -1,0 +1,150 @@
+"""Issue 14, item 5: predictions on real images, prepared the way the model's training images looked.
+
+A LeNet trained briefly on scikit-learn's digits classifies the held-out test digits drawn two ways:
+"hand-drawn" (black ink on white paper, at another size, somewhere on a 96x64 page) and "MNIST-style"
+(white on black, the digit's box scaled into 20x20 of 28x28, centred by centre of mass). ``predict``
+must do as well on the first as on the second; ``--raw`` (resize only, the old behaviour) shows why.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from accel_train.errors import CheckpointError
+from accel_train.preprocess import KNOWN, check_preprocess, describe_training_images, prepare_image
+
+N_DIGITS = 200  # of the digits test split (the model never saw them)
+PAGE = (96, 64)  # width, height of a hand-drawn page
+
+
+def _test_digits() -> tuple[np.ndarray, np.ndarray]:
+    from accel_train.data.digits import load_digits_dataset
+
+    test = load_digits_dataset()["test"]
+    return np.asarray(test["image"], dtype=np.uint8)[:N_DIGITS], np.asarray(test["label"])[:N_DIGITS]
+
+
+def hand_drawn(pixels: np.ndarray, rng: np.random.Generator) -> Image.Image:
+    """Black ink on white, 36..59 pixels tall, anywhere on a 96x64 page."""
+    side = int(rng.integers(36, 60))
+    digit = Image.fromarray(255 - pixels, mode="L").resize((side, side), Image.Resampling.BICUBIC)
+    page = Image.new("L", PAGE, 255)
+    page.paste(digit, (int(rng.integers(0, PAGE[0] - side)), int(rng.integers(0, PAGE[1] - side))))
+    return page
+
+
+def mnist_style(pixels: np.ndarray) -> Image.Image:
+    """White on black, 28x28: the digit's bounding box scaled into 20x20 (aspect kept), centre of mass centred."""
+    ys, xs = np.nonzero(pixels > 0.3 * pixels.max())
+    crop = pixels[ys.min() : ys.max() + 1, xs.min() : xs.max() + 1]
+    scale = 20 / max(crop.shape)
+    size = (max(1, round(crop.shape[1] * scale)), max(1, round(crop.shape[0] * scale)))
+    digit = np.asarray(Image.fromarray(crop, mode="L").resize(size, Image.Resampling.BILINEAR), dtype=np.float32)
+    cy = (digit.sum(1) * np.arange(digit.shape[0])).sum() / digit.sum()
+    cx = (digit.sum(0) * np.arange(digit.shape[1])).sum() / digit.sum()
+    field = np.zeros((28 + 2 * 28, 28 + 2 * 28), np.float32)  # margins: paste anywhere, then cut the field
+    top, left = 28 + round(13.5 - cy), 28 + round(13.5 - cx)
+    field[top : top + digit.shape[0], left : left + digit.shape[1]] = digit
+    return Image.fromarray(field[28:56, 28:56].clip(0, 255).astype(np.uint8), mode="L")
+
+
+@pytest.fixture(scope="module")
+def digits_model(tmp_path_factory) -> Path:
+    """LeNet on digits, 3 epochs in process: its export records the training images' preprocessing."""
+    from accel_train.config import parse_config
+    from accel_train.loop import fit
+
+    out = tmp_path_factory.mktemp("digits") / "run"
+    flags = ["--dataset", "digits", "--model", "lenet", "--epochs", "3", "--output-dir", str(out)]
+    fit(parse_config([*flags, "--report-to", "none", "--no-plots", "--no-progress"]))
+    return out / "model"
+
+
+@pytest.fixture(scope="module")
+def drawings(tmp_path_factory) -> dict[str, Path]:
+    """The same test digits, hand-drawn and MNIST-style, one PNG each, the label in the file name."""
+    root = tmp_path_factory.mktemp("drawings")
+    rng = np.random.default_rng(0)
+    folders = {"hand": root / "hand", "mnist": root / "mnist"}
+    for folder in folders.values():
+        folder.mkdir()
+    for i, (pixels, label) in enumerate(zip(*_test_digits(), strict=True)):
+        hand_drawn(pixels, rng).save(folders["hand"] / f"{i:03d}_{label}.png")
+        mnist_style(pixels).save(folders["mnist"] / f"{i:03d}_{label}.png")
+    return folders
+
+
+def _accuracy(capsys, weights: Path, folder: Path, *flags: str) -> float:
+    from accel_train.commands.predict import main
+
+    capsys.readouterr()
+    assert main(["--weights", str(weights), str(folder), "--json", *flags]) == 0
+    results = json.loads(capsys.readouterr().out)
+    assert len(results) == N_DIGITS
+    hits = [r["top_k"][0]["class"] == Path(r["image"]).stem.split("_")[1] for r in results]
+    return sum(hits) / len(hits)
+
+
+def test_hand_drawn_digits_are_classified_as_well_as_mnist_style_ones(
+    digits_model, drawings, capsys, tmp_path, record_property
+):
+    config = json.loads((digits_model / "config.json").read_text())
+    assert config["preprocess"]["fit"] == "digit" and config["preprocess"]["background"] < 0.1
+    sheet = tmp_path / "sheet.png"
+    hand = _accuracy(capsys, digits_model, drawings["hand"], "--sheet", str(sheet))
+    mnist = _accuracy(capsys, digits_model, drawings["mnist"])
+    raw = _accuracy(capsys, digits_model, drawings["hand"], "--raw")
+    figures = {"hand_drawn": hand, "mnist_style": mnist, "hand_drawn_raw": raw}
+    record_property("predict_accuracy", figures)
+    print(f"predict accuracy on {N_DIGITS} test digits: {figures}")
+    assert hand >= 0.85 and hand >= mnist - 0.05, figures
+    assert raw < hand - 0.3, figures  # fed as they are, black-on-white pages are mostly misread
+    assert sheet.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_prepared_inputs_do_not_depend_on_polarity_size_or_place():
+    pixels, _ = _test_digits()
+    record = KNOWN["mnist"]
+    base = torch.from_numpy(np.asarray(mnist_style(pixels[0]), dtype=np.float32) / 255)[None]
+    page = torch.ones(1, 64, 96)  # the same digit, black on white, twice the size, right of centre
+    page[:, 4:60, 34:90] = 1 - torch.nn.functional.interpolate(base[None], size=(56, 56), mode="bilinear")[0]
+    a, b = prepare_image(base, 28, record), prepare_image(page, 28, record)
+    assert a.shape == b.shape == (1, 28, 28)
+    assert torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1] > 0.8
+
+
+def test_pad_fit_keeps_the_aspect_and_pads_with_the_border_colour():
+    image = torch.full((3, 20, 40), 0.2)
+    image[:, 5:15, 10:30] = 0.9
+    out = prepare_image(image, 16, {"fit": "pad", "background": 0.45})  # mid-grey training data: no polarity
+    assert out.shape == (3, 16, 16)
+    assert torch.allclose(out[:, :4], torch.full((3, 4, 16), 0.2)) and torch.allclose(out[:, 12:], out[:, :4])
+    assert out[:, 8, 8].min() > 0.8  # the bright middle, not squeezed away
+
+
+def test_recorded_statistics_of_digits_and_of_mnist_style_data():
+    from accel_train.data.base import TensorImageDataset
+
+    pixels, labels = _test_digits()
+    mnist = torch.stack([torch.from_numpy(np.array(mnist_style(p))) for p in pixels])[:, None]
+    record = describe_training_images(TensorImageDataset(mnist, torch.as_tensor(labels)), "mnist")
+    assert record["fit"] == "digit" and record["centre"] == "mass" and record["background"] < 0.05
+    assert abs(record["box"] - 20 / 28) < 0.05
+    digits = torch.nn.functional.interpolate(torch.from_numpy(pixels)[:, None].float(), size=(28, 28), mode="bilinear")
+    record = describe_training_images(TensorImageDataset(digits.round().to(torch.uint8), torch.as_tensor(labels)), "x")
+    assert record["fit"] == "pad" and "box" not in record
+
+
+def test_exports_without_a_record_and_bad_records(tmp_path):
+    assert check_preprocess({"dataset": "mnist"}, "c") == KNOWN["mnist"]  # exports of earlier versions
+    assert check_preprocess({"dataset": "cifar10"}, "c") == {"fit": "stretch"}  # resize only, as before
+    with pytest.raises(CheckpointError, match=r"c: preprocess\.fit must be one of pad, stretch, digit"):
+        check_preprocess({"preprocess": {"fit": "zoom"}}, "c")
+    with pytest.raises(CheckpointError, match=r"preprocess\.background must be a number between 0 and 1"):
+        check_preprocess({"preprocess": {"fit": "pad", "background": 3}}, "c")
