@@ -430,8 +430,9 @@ def time_default_run(work: Path, runs: int = 2) -> dict[str, Any]:
 
     The breakdown comes from the run's summary.json: ``before_fit_s`` is the interpreter, imports and
     argument parsing (process wall minus ``wall_time_s``), ``setup_s`` the run's own set-up (data,
-    model, Accelerator, run folder), ``train_s`` the steps and evaluations, ``finish_s`` the final
-    evaluation, export and plots. The median run by wall time is reported.
+    model, Accelerator, run folder, and the imports ``fit`` does lazily), ``train_s`` the steps,
+    evaluations and exports up to the last ``metrics.jsonl`` event, ``finish_s`` what follows it (plots,
+    summary). The median run by wall time is reported.
     """
     rows = []
     for i in range(runs):
@@ -2206,8 +2207,8 @@ def _default_run_md(run: dict[str, Any] | None) -> list[str]:
         f"(median of {len(run['runs_s'])}: {', '.join(f'{x:.1f}' for x in run['runs_s'])}), "
         f"eval_accuracy {_f(run.get('eval_accuracy'), '.4f')}.",
         "",
-        "| interpreter, imports, arguments | set-up (data, model, Accelerator, run folder) | training + evaluations "
-        "| final evaluation, export, plots |",
+        "| interpreter, imports, arguments | set-up (data, model, Accelerator, run folder) | training, evaluations, "
+        "export (to the last metrics event) | after it (plots, summary) |",
         "|---:|---:|---:|---:|",
         f"| {run['before_fit_s']:.2f} s | {run['setup_s']:.2f} s | {run['train_s']:.2f} s | {run['finish_s']:.2f} s |",
     ]

@@ -237,9 +237,14 @@ def test_bf16_on_cpu_is_fine(tmp_path):
     assert diag.plan["mixed_precision"] == "bf16"
 
 
-@pytest.mark.parametrize("kind", ["avx512_bf16", "none"])
-def test_bf16_on_a_cpu_without_amx_warns_that_it_is_slower(tmp_path, kind):
-    diag = diagnose(tmp_path, CPU_SINGLE.replace("'no'", "bf16"), make_env(cpu_bf16=kind))
+def test_bf16_on_a_cpu_with_avx512_bf16_only_says_to_measure(tmp_path):
+    diag = diagnose(tmp_path, CPU_SINGLE.replace("'no'", "bf16"), make_env(cpu_bf16="avx512_bf16"))
+    assert [(f.level, f.code) for f in diag.findings] == [("info", "bf16-on-cpu")]
+    assert "either way" in diag.findings[0].message and "python -m benchmarks" in diag.findings[0].message
+
+
+def test_bf16_on_a_cpu_without_bf16_warns_that_it_is_slower(tmp_path):
+    diag = diagnose(tmp_path, CPU_SINGLE.replace("'no'", "bf16"), make_env(cpu_bf16="none"))
     assert [(f.level, f.code) for f in diag.findings] == [("warning", "bf16-on-cpu")]
     assert "slower than fp32" in diag.findings[0].message
 

@@ -148,10 +148,10 @@ def _fp16_on_cpu(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
 
 
 def _bf16_on_cpu(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
-    """Whether bf16 will be faster than fp32 on this CPU (AMX: yes; AVX512-BF16 only or none: slower)."""
+    """Whether bf16 will be faster than fp32 on this CPU (AMX: yes; AVX512-BF16 only: measure; none: slower)."""
     note = bf16_cpu_note(plan.mp, plan.device, env.cpu_bf16)
     if note:
-        diag.add("info" if env.cpu_bf16 == "amx" else "warning", "bf16-on-cpu", f"mixed_precision bf16: {note}")
+        diag.add("warning" if env.cpu_bf16 == "none" else "info", "bf16-on-cpu", f"mixed_precision bf16: {note}")
 
 
 def _fp8_unavailable(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
