@@ -39,16 +39,27 @@ class RecordingLeNet(LeNet):
         return super().forward(x)
 
 
-register_model("record_lenet", RecordingLeNet)
-
 if __name__ == "__main__":  # the launched ranks: the real training command with the recording model
     from accel_train.commands.train import cli_main
+
+    register_model("record_lenet", RecordingLeNet)
 
     cli_main()
     raise SystemExit(0)
 
 from conftest import FAST, check, fit_small, run_script, summary  # test helpers: the ranks above need none
 from datafiles import write_cifar10
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _record_lenet():
+    """The recording model, registered for this module's in-process runs only (the registry is global)."""
+    from accel_train.models import _MODELS
+
+    register_model("record_lenet", RecordingLeNet)
+    yield
+    _MODELS.pop("record_lenet", None)
+
 
 # 50 training images -> 3 global batches of 16 per epoch; 7 steps run into a third epoch
 RUN = ["--model", "record_lenet", "--dataset", "cifar10", "--global-batch-size", "16", "--max-steps", "7"]
