@@ -60,6 +60,7 @@ from typing import Any
 from accel_train.config import TrainConfig
 from accel_train.launch import CONFIG_DIR, REPO, accelerate_launch, child_env
 from accel_train.run_dir import pid_alive
+from accel_train.runs import read_metrics
 from accel_train.runtime import available_cores, cpu_bf16_kind
 from accel_train.trainer import WARMUP_STEPS_EXCLUDED
 
@@ -451,7 +452,8 @@ def time_default_run(work: Path, runs: int = 2) -> dict[str, Any]:
             return {"error": _tail(proc.stderr), "runs_s": [r["process_wall_s"] for r in rows]}
         summary = _load_json(out / "summary.json") or {}
         fit_s, setup_s = summary.get("wall_time_s") or 0.0, summary.get("setup_s") or 0.0
-        last_t = max((m.get("time_s", 0.0) for m in _read_jsonl(out / "metrics.jsonl")), default=0.0)
+        records = [r for events in read_metrics(out).values() for r in events]
+        last_t = max((r.get("time_s", 0.0) for r in records), default=0.0)
         rows.append(
             {
                 "process_wall_s": wall,
@@ -464,13 +466,6 @@ def time_default_run(work: Path, runs: int = 2) -> dict[str, Any]:
         )
     median = sorted(rows, key=lambda r: r["process_wall_s"])[(len(rows) - 1) // 2]
     return {**median, "runs_s": [r["process_wall_s"] for r in rows], "command": "python scripts/train.py"}
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError):
-        return []
 
 
 def machine_info(threads: int, mode: str, with_cuda: bool, tf32: bool = True) -> dict[str, Any]:
