@@ -114,22 +114,26 @@ def fp16_ignored(mixed_precision: str | None, device_type: str) -> bool:
     return mixed_precision == "fp16" and device_type == "cpu"
 
 
-def cpu_bf16_kind(cpuinfo: str | None = None) -> str:
-    """What this CPU has for bf16 matmuls: ``amx`` (tile units: bf16 GEMM several times fp32), ``avx512_bf16``
-    (bf16 dot-product instructions only: faster than fp32 on some CPUs, slower on others, see ``BF16_ON_CPU``),
-    ``none`` (bf16 is emulated), or ``unknown`` (no /proc/cpuinfo, e.g. macOS). Read from the kernel's CPU
-    flags; no measurement."""
+def cpu_flags(cpuinfo: str | None = None) -> set[str] | None:
+    """The kernel's CPU flags (``/proc/cpuinfo``, or the text given); None where there is no such file."""
     if cpuinfo is None:
         try:
             with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
                 cpuinfo = f.read(1 << 20)
         except OSError:
-            return "unknown"
-    flags: set[str] = set()
+            return None
     for line in cpuinfo.splitlines():
         if line.startswith("flags"):
-            flags.update(line.partition(":")[2].split())
-            break
+            return set(line.partition(":")[2].split())
+    return None
+
+
+def cpu_bf16_kind(cpuinfo: str | None = None) -> str:
+    """What this CPU has for bf16 matmuls: ``amx`` (tile units: bf16 GEMM several times fp32), ``avx512_bf16``
+    (bf16 dot-product instructions only: faster than fp32 on some CPUs, slower on others, see ``BF16_ON_CPU``),
+    ``none`` (bf16 is emulated), or ``unknown`` (no /proc/cpuinfo, e.g. macOS). Read from the kernel's CPU
+    flags; no measurement."""
+    flags = cpu_flags(cpuinfo)
     if not flags:
         return "unknown"
     if "amx_bf16" in flags:

@@ -61,7 +61,7 @@ from accel_train.config import TrainConfig
 from accel_train.launch import CONFIG_DIR, REPO, accelerate_launch, child_env
 from accel_train.run_dir import pid_alive
 from accel_train.runs import read_metrics
-from accel_train.runtime import available_cores, cpu_bf16_kind
+from accel_train.runtime import available_cores, cpu_bf16_kind, cpu_flags
 from accel_train.trainer import WARMUP_STEPS_EXCLUDED
 
 TRAIN_SCRIPT = REPO / "scripts" / "train.py"
@@ -325,18 +325,19 @@ def one_gpu_env(parent_env: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def cpu_description() -> dict[str, Any]:
-    model, flags = platform.processor() or platform.machine(), set()
+    model, text = platform.processor() or platform.machine(), ""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and ":" in line:
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and ":" in line:
-                flags = set(line.split(":", 1)[1].split())
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
         pass
+    for line in text.splitlines():
+        if line.startswith("model name") and ":" in line:
+            model = line.split(":", 1)[1].strip()
+            break
+    flags = cpu_flags(text) or set()
     return {
         "cpu": model,
-        "cpu_bf16_kind": cpu_bf16_kind(),  # the product's own reading (run header, doctor)
+        "cpu_bf16_kind": cpu_bf16_kind(text),  # the product's own reading (run header, doctor)
         "avx512_bf16": "avx512_bf16" in flags,
         "amx_bf16": "amx_bf16" in flags,
         "avx512f": "avx512f" in flags,
