@@ -43,20 +43,14 @@ WORK_SIDE = 1024  # larger images are first shrunk to this longer side
 def _sample(dataset: Any) -> torch.Tensor:
     """Up to STATS_SAMPLE training images, evenly spaced, unaugmented, as float [N, H, W] gray in [0, 1]."""
     images = getattr(dataset, "images", None)
-    in_memory = isinstance(images, torch.Tensor) and images.dim() == 4
-    n = len(dataset)
-    idx = torch.linspace(0, n - 1, min(n, STATS_SAMPLE if in_memory else STATS_SAMPLE_DECODED)).round().long().unique()
-    if in_memory:  # one index op
+    if isinstance(images, torch.Tensor) and images.dim() == 4:  # held in memory: one index op
+        n = len(dataset)
+        idx = torch.linspace(0, n - 1, min(n, STATS_SAMPLE)).round().long().unique()
         batch = images.index_select(0, idx.to(images.device)).cpu()  # the split may live on the training device
     else:
-        transform = getattr(dataset, "transform", None)
-        if transform is not None:
-            dataset.transform = None  # the statistics of the data, not of its augmentations
-        try:
-            batch = torch.stack([torch.as_tensor(dataset[int(i)][0]) for i in idx])
-        finally:
-            if transform is not None:
-                dataset.transform = transform
+        from accel_train.data.folder import unaugmented_sample
+
+        batch = unaugmented_sample(dataset, STATS_SAMPLE_DECODED)
     return batch.float().mean(1) / 255.0
 
 

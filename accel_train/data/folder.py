@@ -243,15 +243,21 @@ def augment_for(cfg: DataConfig, size: int) -> tuple[CropFlip | None, str | None
     return crop_flip(size, max(1, size // 8), flip=True)
 
 
+def unaugmented_sample(dataset: Dataset, k: int) -> torch.Tensor:
+    """Up to ``k`` evenly spaced samples of ``dataset``, decoded without its augmentation, as uint8 [N, C, H, W]."""
+    transform = getattr(dataset, "transform", None)
+    if transform is not None:
+        dataset.transform = None  # type: ignore[attr-defined]  # the data's statistics, not its augmentation's
+    try:
+        return torch.stack([torch.as_tensor(dataset[i][0]) for i in sample_indices(len(dataset), k)])
+    finally:
+        if transform is not None:
+            dataset.transform = transform  # type: ignore[attr-defined]
+
+
 def sample_stats(dataset: Dataset, k: int = STATS_SAMPLE) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Mean/std estimated from up to ``k`` evenly spaced decoded samples (no augmentation)."""
-    transform = getattr(dataset, "transform", None)
-    dataset.transform = None  # type: ignore[attr-defined]
-    try:
-        images = torch.stack([dataset[i][0] for i in sample_indices(len(dataset), k)])
-    finally:
-        dataset.transform = transform  # type: ignore[attr-defined]
-    return channel_stats(images)
+    return channel_stats(unaugmented_sample(dataset, k))
 
 
 # --------------------------------------------------------------------------- imagefolder
