@@ -42,15 +42,22 @@ from accel_train.trainer import Trainer
 
 
 def build_trainer(
-    cfg: TrainConfig, rt: Runtime, run_dir: RunDir, resume_changes: dict[str, list[Any]] | None = None, **given: Any
+    cfg: TrainConfig,
+    rt: Runtime,
+    run_dir: RunDir,
+    resume_path: Path | None = None,
+    resume_changes: dict[str, list[Any]] | None = None,
+    **given: Any,
 ) -> Trainer:
     """Everything a run needs, prepared for this setup; the run folder is created and locked last.
 
-    ``resume_changes``: what this attempt changed in a resumed run's config (``resume.reconcile``).
+    ``resume_path``: the checkpoint ``--resume`` resolved to (``loop.fit`` resolves it once, before the runtime;
+    resolved here when not given); ``resume_changes``: what this attempt changed in that run's config
+    (``resume.reconcile``).
     """
     acc = rt.accelerator
     check_model_name(cfg.model)  # before a possibly long dataset load
-    resume_path = resolve_resume(cfg.resume, cfg.output_dir)
+    resume_path = resume_path or resolve_resume(cfg.resume, cfg.output_dir)
     if resume_path is not None:
         branch_if_older(cfg, rt, run_dir, resume_path, move=False)  # refuse early, move only once all loaded
     with acc.main_process_first():  # downloads and caches happen once
@@ -66,19 +73,7 @@ def build_trainer(
     warn_about_run(cfg, rt, splits, total_steps)  # settings that never fire in a run this short
     scheduler = build_scheduler(optimizer.optimizer, cfg, total_steps)
     install_unwrapped_weight_hooks(acc)  # nothing is registered for checkpointing: see checkpoint.verify
-    resolved = {
-        "world_size": acc.num_processes,
-        "distributed_type": acc.distributed_type.value,
-        "mixed_precision": acc.mixed_precision,
-        "device": str(acc.device),
-        "global_batch": plan.global_batch,
-        "micro_batch": plan.micro_batch,
-        "accum_steps": plan.accum_steps,
-        "lr": lr,
-        "total_steps": total_steps,
-        "steps_per_epoch": steps_per_epoch,
-        **chosen,  # tf32, cudnn_benchmark, channels_last, data_on_device
-    }
+    resolved = _resolved(acc, plan, lr, total_steps, steps_per_epoch, chosen)
     meta = {"model_config": _model_config(cfg, splits), "config": cfg.to_dict(), "resolved": resolved}
     state = _resume(cfg, rt, resume_path, scheduler, plan, total_steps, feats) if resume_path else TrainState()
     _open_run_folder(cfg, rt, run_dir, resume_path, resolved)
@@ -120,6 +115,23 @@ def build_trainer(
         features=feats,
         window=window,
     )
+
+
+def _resolved(acc, plan: BatchPlan, lr: float, total_steps: int, steps_per_epoch: int, chosen: dict) -> dict[str, Any]:
+    """What this setup made of the config: recorded in config.yaml, checkpoints and summary.json."""
+    return {
+        "world_size": acc.num_processes,
+        "distributed_type": acc.distributed_type.value,
+        "mixed_precision": acc.mixed_precision,
+        "device": str(acc.device),
+        "global_batch": plan.global_batch,
+        "micro_batch": plan.micro_batch,
+        "accum_steps": plan.accum_steps,
+        "lr": lr,
+        "total_steps": total_steps,
+        "steps_per_epoch": steps_per_epoch,
+        **chosen,  # tf32, cudnn_benchmark, channels_last, data_on_device
+    }
 
 
 def _prepare(cfg: TrainConfig, rt: Runtime, splits: DataSplits, plan: BatchPlan, lr: float, model=None):

@@ -198,6 +198,11 @@ class TrainConfig:
     )
     # faults
     dist_timeout: float = _f(600.0, "process-group timeout in seconds: a hung collective fails after this")
+    stop_grace: float = _f(
+        25.0,
+        "seconds a rank waits for a step boundary after SIGTERM/SIGINT before it leaves without a new checkpoint "
+        "(keep it below your launcher's or scheduler's kill delay; torchrun and Slurm wait about 30 s)",
+    )
     skip_nonfinite: bool = _f(False, "skip optimizer steps whose loss is NaN/Inf instead of stopping")
     # synthetic dataset shape
     synthetic_size: int = _f(2048, "synthetic: training samples")
@@ -233,6 +238,8 @@ class TrainConfig:
         if not 0 < self.dist_timeout <= MAX_DIST_TIMEOUT:
             most = f"{MAX_DIST_TIMEOUT:.0f} (365 days)"
             raise UserError(f"--dist-timeout must be > 0 seconds and at most {most}, got {self.dist_timeout}")
+        if not (self.stop_grace > 0 and math.isfinite(self.stop_grace)):
+            raise UserError(f"--stop-grace must be a positive number of seconds, got {self.stop_grace}")
         self._check_schedule()
         self._check_limits()
         self._check_image_size()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from accel_train.checkpoint.state import read_progress, resolve_resume
@@ -38,7 +39,9 @@ def fit(cfg: TrainConfig, *, model: nn.Module | None = None, splits: DataSplits 
     run_dir.check(cfg.resume, cfg.overwrite)  # before anything is loaded or written
     if os.environ.get("RANK", "0") == "0":
         run_dir.refuse_if_locked()  # a second writer is refused before it reads or loads anything
-    changes, finished = _restore_resumed_config(cfg, run_dir)  # before the runtime: precision, threads, compile
+    # resolved once (--resume auto scans the checkpoints): the config is restored before the runtime (precision,
+    # threads, compile), the checkpoint loaded by build_trainer
+    resume_path, changes, finished = _restore_resumed_config(cfg, run_dir)
     if finished:
         if os.environ.get("RANK", "0") == "0":
             print(finished, flush=True)
@@ -51,7 +54,7 @@ def fit(cfg: TrainConfig, *, model: nn.Module | None = None, splits: DataSplits 
 
     rt = build_runtime(cfg, log_with=trackers_for(cfg.report_to, cfg.output_dir) or None)
     try:
-        return build_trainer(cfg, rt, run_dir, changes, model=model, splits=splits).fit(t_launch)
+        return build_trainer(cfg, rt, run_dir, resume_path, changes, model=model, splits=splits).fit(t_launch)
     except BaseException:
         if rt.is_main and run_dir.restore_replaced():
             print(
@@ -65,21 +68,22 @@ def fit(cfg: TrainConfig, *, model: nn.Module | None = None, splits: DataSplits 
         run_dir.lock.release()
 
 
-def _restore_resumed_config(cfg: TrainConfig, run_dir: RunDir) -> tuple[dict[str, Any], str | None]:
+def _restore_resumed_config(cfg: TrainConfig, run_dir: RunDir) -> tuple[Path | None, dict[str, Any], str | None]:
     """With --resume: ``cfg`` becomes the saved run's config plus allowed changes (see ``resume.py``).
 
-    Returns the changes (for the ``resume`` event) and, for a run that already finished and is
-    not extended, the line that says so (nothing is then loaded or written).
+    Returns the checkpoint to resume from (None without --resume), the changes (for the ``resume`` event)
+    and, for a run that already finished and is not extended, the line that says so (nothing is then loaded
+    or written).
     """
     path = resolve_resume(cfg.resume, cfg.output_dir)
     if path is None:
-        return {}, None
+        return None, {}, None
     progress = read_progress(path)
     saved, resolved = progress.get("config"), progress.get("resolved")
     if not isinstance(saved, dict) or not isinstance(resolved, dict):
-        return {}, None  # checkpoints of early versions: nothing to restore from
+        return path, {}, None  # checkpoints of early versions: nothing to restore from
     changes = reconcile(cfg, saved, resolved)
     done = progress.get("state", {}).get("global_step")
     if cfg.extend or not (run_dir / SUMMARY).is_file() or not isinstance(done, int):
-        return changes, None
-    return changes, finished_note(cfg.output_dir, done, resolved.get("total_steps"))
+        return path, changes, None
+    return path, changes, finished_note(cfg.output_dir, done, resolved.get("total_steps"))

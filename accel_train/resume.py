@@ -48,6 +48,7 @@ SAFE = frozenset(
         "data_dir",
         "download",
         "dist_timeout",
+        "stop_grace",
         "mixed_precision",
         "compile",
         "channels_last",

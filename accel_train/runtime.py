@@ -332,6 +332,17 @@ def _cache_per_step_package_lookups() -> None:
         accelerate.optimizer.is_lomo_available = functools.cache(check)
 
 
+def _forget_the_previous_run() -> None:
+    """A second run in one Python session (``accel_train.train`` twice in a notebook, in-process tests) is a new
+    run. accelerate keeps its state per process and refuses another mixed precision in a later ``Accelerator``
+    ("restart your runtime"), so the previous run's precision and accumulation state are cleared first (with
+    accelerate's own reset). The process group and device (``PartialState``) stay: they belong to the process."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state()
+    GradientState._reset_state()
+
+
 def build_runtime(cfg: TrainConfig, log_with: list | None = None) -> Runtime:
     """Build THE Accelerator for this process from the launcher's environment and ``cfg``."""
     from accelerate import Accelerator, DataLoaderConfiguration, InitProcessGroupKwargs
@@ -349,6 +360,7 @@ def build_runtime(cfg: TrainConfig, log_with: list | None = None) -> Runtime:
     threads = configure_threads(cfg.threads)
     timeout = timedelta(seconds=cfg.dist_timeout)
     init_process_group_per_attempt(cpu, timeout)
+    _forget_the_previous_run()
     accelerator = Accelerator(
         cpu=cpu,
         mixed_precision=cfg.mixed_precision,

@@ -34,7 +34,6 @@ from accel_train.runtime import Runtime
 from accel_train.tracking import RunLogger
 
 SIGNAL_VOTE_EVERY = 10  # steps between the ranks' votes on SIGTERM/SIGINT
-PREEMPT_GRACE_S = 25.0  # torchrun and Slurm send SIGKILL ~30 s after SIGTERM
 WARMUP_STEPS_EXCLUDED = 5  # steady-state throughput ignores the first steps (allocation, caches)
 
 
@@ -49,9 +48,9 @@ class StopTraining(Exception):
         self.reason, self.final = reason, final
 
 
-def _give_up(signum: int) -> None:
+def _give_up(signum: int, grace: float) -> None:
     print(
-        f"accel_train: no step boundary reached {PREEMPT_GRACE_S:.0f}s after {signal.Signals(signum).name}; "
+        f"accel_train: no step boundary reached {grace:g}s after {signal.Signals(signum).name}; "
         "exiting without a new checkpoint (the previous one is intact)",
         file=sys.stderr,
         flush=True,
@@ -181,7 +180,7 @@ class Trainer:
         # in a collective), leave before the launcher's SIGKILL instead of ignoring the signal.
         self.stop_signal = signum
         if not self._watchdog:
-            timer = threading.Timer(PREEMPT_GRACE_S, _give_up, args=(signum,))
+            timer = threading.Timer(self.cfg.stop_grace, _give_up, args=(signum, self.cfg.stop_grace))
             timer.daemon = True
             timer.start()
             self._watchdog.append(timer)

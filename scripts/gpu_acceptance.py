@@ -149,7 +149,9 @@ def _train(
 
 
 def pytest_check(ctx: Context) -> Check:
-    argv = [sys.executable, "-m", "pytest", "-m", "gpu or multigpu", "-q", "-p", "no:cacheprovider", "tests"]
+    # one process (no xdist workers): the GPU tests share one device and report its timings
+    argv = [sys.executable, "-m", "pytest", "-m", "gpu or multigpu", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
+    argv.append("tests")
     return Check(
         "pytest",
         "the GPU-marked tests (tests/test_gpu.py and others)",

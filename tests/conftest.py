@@ -9,8 +9,15 @@ CPU runs at 1e-5.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
+
+# Two xdist workers share the cores, each running torch with as many threads as cores (and launching children
+# that do the same). Idle OpenMP threads then spin on cores the other worker needs: measured here (one run
+# each), the suite took 9:53 with the default wait policy and 7:53 with threads that sleep. Set before torch
+# is imported in this process; children inherit it (``child_env``). It changes how threads wait, not results.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
 
@@ -52,6 +59,41 @@ def run_script(
     return subprocess.run(cmd, cwd=REPO, env=_env(env), capture_output=True, text=True, timeout=timeout)
 
 
+# scripts/<name> -> the accel_train.commands module whose ``main`` it runs
+COMMANDS = {
+    "train.py": "train",
+    "eval.py": "evaluate",
+    "predict.py": "predict",
+    "convert_checkpoint.py": "convert",
+    "doctor.py": "doctor",
+    "plot_runs.py": "plot_runs",
+}
+
+
+def run_here(script: str, *args: str) -> subprocess.CompletedProcess:
+    """``run_script(script, *args)`` without a new process: the script's ``main`` through ``cli.run_main``.
+
+    The same one-line errors, exit codes and output as the script, without the ~5 s of imports (torch,
+    torch._dynamo, evaluate) every new Python process pays. For tests about what the command does; tests about
+    the process itself (signals, launchers, environment variables, what gets imported) keep ``run_script``.
+    """
+    import importlib
+    from contextlib import redirect_stderr, redirect_stdout
+    from io import StringIO
+
+    from accel_train.cli import run_main
+
+    main = importlib.import_module(f"accel_train.commands.{COMMANDS[script]}").main
+    out, err = StringIO(), StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            run_main(main, list(args))
+            code = 0  # run_main always exits; kept for a main that returns
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+    return subprocess.CompletedProcess([script, *args], code, out.getvalue(), err.getvalue())
+
+
 def check(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     assert proc.returncode == 0, (
         f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"
@@ -86,12 +128,18 @@ SMALL_RUN = [
 ]  # fmt: skip
 
 
-def fit_small(out: Path, *args: str) -> dict:
-    """``loop.fit`` on SMALL_RUN (later flags win) into ``out``."""
+def fit_here(*args: str) -> dict:
+    """``loop.fit`` on these command-line flags, in this process: what scripts/train.py runs, without the ~5 s
+    of imports a new process pays (``run_here`` also gives the script's exit code and output)."""
     from accel_train.config import parse_config
     from accel_train.loop import fit
 
-    return fit(parse_config([*SMALL_RUN, "--output-dir", str(out), *args]))
+    return fit(parse_config(list(args)))
+
+
+def fit_small(out: Path, *args: str) -> dict:
+    """``fit_here`` on SMALL_RUN (later flags win) into ``out``."""
+    return fit_here(*SMALL_RUN, "--output-dir", str(out), *args)
 
 
 def copy_run(run: Path, tmp_path: Path) -> Path:
@@ -102,15 +150,91 @@ def copy_run(run: Path, tmp_path: Path) -> Path:
     return dest
 
 
+@pytest.fixture(scope="session")
+def launch_once(tmp_path_factory):
+    """``launch_once(config, *args, launch_args=())``: ``accelerate launch`` of train.py, run once per session
+    for each (config file contents, launch flags, args) and shared by every test that asks for the same run.
+
+    Returns ``(run folder, the checked CompletedProcess)``. Tests only read what it wrote.
+    """
+    done: dict[tuple, tuple[Path, subprocess.CompletedProcess]] = {}
+
+    def launch(config: str | Path, *args: str, launch_args: tuple[str, ...] = ()):
+        path = Path(config) if Path(config).is_absolute() else CONFIGS / config
+        key = (path.read_text(), tuple(launch_args), args)
+        if key not in done:
+            out = tmp_path_factory.mktemp("launched") / "run"
+            cmd = ("train.py", *args, "--output-dir", str(out))
+            done[key] = (out, check(run_script(*cmd, config=str(path), launch_args=launch_args)))
+        return done[key]
+
+    return launch
+
+
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+# The suite's own parallelism: most of a test's time is a child process importing torch (one core busy, one
+# idle), so two pytest-xdist workers use a 2-core machine fully. Tests that share a run (a module- or
+# session-scoped fixture) go to one worker together, so the run is made once (see ``shared_run_groups``); the
+# rest are handed out one by one. Choose otherwise with -n N, or -p no:xdist for one process.
+WORKERS = 2
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """Run on ``WORKERS`` xdist workers when pytest-xdist is installed and no -n was given."""
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return None
+    if config.getoption("numprocesses", None) is None and not config.getoption("collectonly"):
+        config.option.numprocesses = WORKERS
+        if config.getoption("dist") == "no":
+            config.option.dist = "loadgroup"
+    return None
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown (and unused) without xdist
+def pytest_configure_node(node):
+    """(xdist, on the controller) Tell each worker the distribution mode: a worker reads --dist from the
+    command line, which does not hold the mode ``pytest_cmdline_main`` chose, and groups only under loadgroup."""
+    node.workerinput["accel_train_loadgroup"] = node.config.getvalue("dist") == "loadgroup"
+
+
+def pytest_configure(config):
+    if getattr(config, "workerinput", {}).get("accel_train_loadgroup"):
+        config.option.loadgroup = True  # what xdist sets from --dist loadgroup: honour the xdist_group marks
+
+
+def _shared_fixtures(item: pytest.Item) -> list:
+    """This suite's module- and session-scoped fixtures that ``item`` uses, directly or through others."""
+    defs = [d for ds in item._fixtureinfo.name2fixturedefs.values() for d in ds]
+    return [d for d in defs if d.scope in ("module", "session") and "tests" in Path(d.func.__code__.co_filename).parts]
+
+
+def shared_run_groups(items: list[pytest.Item]) -> dict[str, str]:
+    """``nodeid -> xdist group`` for the tests that share a run (a module- or session-scoped fixture): tests
+    linked through any chain of shared fixtures get one group, so each shared run is made once, on one worker."""
+    parent: dict[str, str] = {}
+
+    def root(key: str) -> str:
+        while parent.setdefault(key, key) != key:
+            key = parent[key]
+        return key
+
+    keys = {item.nodeid: [f"{d.baseid}::{d.argname}" for d in _shared_fixtures(item)] for item in items}
+    for linked in keys.values():
+        for key in linked[1:]:
+            parent[root(key)] = root(linked[0])
+    return {nodeid: root(linked[0]) for nodeid, linked in keys.items() if linked}
 
 
 def wants_gpu(item: pytest.Item) -> bool:
     return any(item.get_closest_marker(name) for name in GPU_MARKERS)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks on each worker
 def pytest_collection_modifyitems(config, items):
     """Real-GPU tests skip on machines without enough CUDA devices (CI has none).
 
@@ -119,7 +243,10 @@ def pytest_collection_modifyitems(config, items):
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    groups = shared_run_groups(items)
     for item in items:
+        if item.nodeid in groups:
+            item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
         if "gpu" in item.keywords and gpus < 1:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         if "multigpu" in item.keywords and gpus < 2:

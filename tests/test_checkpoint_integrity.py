@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FAST, check, max_abs_diff, metrics, run_script, summary, weights
+from conftest import FAST, check, max_abs_diff, metrics, run_here, run_script, summary, weights
 
 from accel_train.checkpoint.verify import UnsafeCheckpointError, check_sharded_metadata, verify_checkpoint
 from accel_train.config import parse_config
@@ -79,7 +79,7 @@ def train_series(run: Path) -> dict[tuple[str, int], dict]:
 @pytest.fixture(scope="module")
 def base(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("base") / "run"
-    check(run_script("train.py", *BASE, "--output-dir", str(out)))
+    check(run_here("train.py", *BASE, "--output-dir", str(out)))
     assert names(out / "checkpoints") == ["step_00000010", "step_00000020", "step_00000030"]
     return out
 
@@ -109,7 +109,7 @@ def test_malicious_custom_checkpoint_is_refused_end_to_end(run_copy, tmp_path):
     before = tree(run_copy)
     # --extend: the run is finished, and a plain resume of a finished run loads nothing at all
     args = [*BASE, "--resume", "auto", "--extend", "--max-steps", "40", "--output-dir", str(run_copy)]
-    line = one_error_line(run_script("train.py", *args))
+    line = one_error_line(run_here("train.py", *args))
     assert "custom_checkpoint_0.pkl" in line and CODE_REFUSED in line, line
     assert not marker.exists()
     assert tree(run_copy) == before  # refused before anything was written
@@ -121,7 +121,7 @@ def test_malicious_rng_state_is_refused_even_with_resume_inexact(run_copy, tmp_p
     torch.save({"x": Evil(marker)}, ckpt(run_copy, 30) / "random_states_0.pkl")
     resume = ["--resume", str(ckpt(run_copy, 30)), "--extend", "--max-steps", "40", "--resume-inexact"]
     args = [*BASE, *resume, "--output-dir", str(run_copy)]
-    line = one_error_line(run_script("train.py", *args))
+    line = one_error_line(run_here("train.py", *args))
     assert "random_states_0.pkl" in line and CODE_REFUSED in line, line
     assert not marker.exists()
 
@@ -278,11 +278,11 @@ def test_resume_from_older_checkpoint_needs_branch_and_keeps_one_timeline(run_co
     # a resume keeps the run's cadence (every 10) unless told otherwise: here only the stop saves
     args = [*COMMON, "--keep-last", "2", "--checkpoint-every", "0", "--output-dir", str(run_copy)]
     before = tree(run_copy)
-    line = one_error_line(run_script("train.py", *args, "--resume", str(older), "--stop-at-step", "25"))
+    line = one_error_line(run_here("train.py", *args, "--resume", str(older), "--stop-at-step", "25"))
     assert "step 20" in line and "step 30" in line and "--branch" in line, line
     assert tree(run_copy) == before
 
-    proc = check(run_script("train.py", *args, "--resume", str(older), "--stop-at-step", "25", "--branch"))
+    proc = check(run_here("train.py", *args, "--resume", str(older), "--stop-at-step", "25", "--branch"))
     assert "stopped at step 25" in proc.stdout
     abandoned = list((run_copy / "abandoned").glob("*-after-step_10"))
     assert len(abandoned) == 1, names(run_copy / "abandoned")
@@ -295,7 +295,7 @@ def test_resume_from_older_checkpoint_needs_branch_and_keeps_one_timeline(run_co
     assert steps == sorted(steps), steps
     assert [m["step"] for m in metrics(run_copy) if m["event"] == "checkpoint"] == [10, 25]
 
-    proc = check(run_script("train.py", *args, "--resume", "auto"))
+    proc = check(run_here("train.py", *args, "--resume", "auto"))
     assert f"resumed from {ckpt(run_copy, 25)} at step 25" in proc.stdout
     # the LR schedule restored from progress.json (twice) continues exactly: same LR, loss and weights
     assert train_series(run_copy) == train_series(base)
@@ -320,7 +320,7 @@ def test_legacy_checkpoint_with_pickled_scheduler_resumes_exactly(base, tmp_path
     (legacy / "progress.json").write_text(json.dumps(progress))
 
     out = tmp_path / "continued"
-    proc = check(run_script("train.py", *COMMON, "--resume", str(legacy), "--output-dir", str(out)))
+    proc = check(run_here("train.py", *COMMON, "--resume", str(legacy), "--output-dir", str(out)))
     assert f"resumed from {legacy} at step 20" in proc.stdout
     assert "warning" not in proc.stderr, proc.stderr
     reference = train_series(base)

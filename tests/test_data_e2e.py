@@ -1,9 +1,12 @@
-"""Issue 4: every on-disk format trains through scripts/train.py; the global batch survives any setup."""
+"""Issue 4: every on-disk format trains through train.py's main; the global batch survives any setup.
+
+Single-process runs go through ``run_here`` (the command's main in this process); the 2-process one is launched.
+"""
 
 from __future__ import annotations
 
 import pytest
-from conftest import FAST, check, max_abs_diff, run_script, summary, weights
+from conftest import FAST, check, max_abs_diff, run_here, run_script, summary, weights
 from datafiles import write_cifar10, write_hf_disk, write_image_folder, write_mnist_idx
 
 TWO_STEPS = ["--max-steps", "2", "--batch-size", "4", "--model", "lenet", *FAST]
@@ -27,7 +30,7 @@ def test_every_format_trains_two_steps(tmp_path, name, make):
     make(root)
     dataset = {"imagefolder": f"imagefolder:{root / 'folder'}", "hf": f"hf:{root / 'hfdisk'}"}.get(name, name)
     out = tmp_path / "run"
-    check(run_script("train.py", "--dataset", dataset, "--data-dir", str(root), *TWO_STEPS, "--output-dir", str(out)))
+    check(run_here("train.py", "--dataset", dataset, "--data-dir", str(root), *TWO_STEPS, "--output-dir", str(out)))
     s = summary(out)
     assert s["global_step"] == 2 and s["eval_samples"] > 0
     assert 0.0 <= s["data_wait_fraction"] <= 1.0
@@ -42,7 +45,8 @@ def test_global_batch_gives_the_same_weights_on_every_setup(tmp_path):
         "accum": (["--max-device-batch", "8"], None),
     }
     for name, (extra, config) in runs.items():
-        proc = check(run_script("train.py", *args, *extra, "--output-dir", str(tmp_path / name), config=config))
+        cmd = ("train.py", *args, *extra, "--output-dir", str(tmp_path / name))
+        proc = check(run_script(*cmd, config=config) if config else run_here(*cmd))
         assert "global batch 32 =" in proc.stdout
     assert summary(tmp_path / "two")["micro_batch"] == 16 and summary(tmp_path / "two")["world_size"] == 2
     assert summary(tmp_path / "accum")["accum_steps"] == 4 and summary(tmp_path / "accum")["micro_batch"] == 8
@@ -54,7 +58,7 @@ def test_global_batch_gives_the_same_weights_on_every_setup(tmp_path):
 def test_data_wait_fraction_reported_for_in_memory_mnist_shaped_data(tmp_path):
     out = tmp_path / "run"
     check(
-        run_script(
+        run_here(
             "train.py",
             "--model",
             "mnist_cnn",
@@ -79,7 +83,7 @@ def test_data_wait_fraction_reported_for_in_memory_mnist_shaped_data(tmp_path):
 def test_scale_lr_is_linear_in_the_global_batch(tmp_path):
     out = tmp_path / "run"
     proc = check(
-        run_script(
+        run_here(
             "train.py",
             "--model",
             "lenet",

@@ -623,36 +623,38 @@ def wizard_default(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def launches(tmp_path_factory, smoke_multi_cpu, wizard_default):
-    """``case -> (config, launch flags, what the run recorded)``; one 2-step launch per case, shared."""
-    root = tmp_path_factory.mktemp("doctor_launches")
-    done: dict[str, tuple] = {}
+def launches(smoke_multi_cpu, wizard_default, launch_once):
+    """``case -> (config, launch flags, what the run recorded, its stderr, its folder)``: one 2-step launch per
+    case (``launch_once``: test_wizard_configs.py launches the same files with the same arguments)."""
 
     def launch(case: str) -> tuple:
-        if case not in done:
-            name, launch_args, _ = LAUNCHED[case]
-            config = wizard_default if name is None else CONFIG_DIR / name
-            out = smoke_multi_cpu[1] if case == "multi_cpu" else root / case
-            if case != "multi_cpu":  # that one is the doctor's own smoke run
-                argv = (*TRAIN_ARGS, "--output-dir", str(out))
-                check(run_script("train.py", *argv, config=str(config), launch_args=launch_args))
-            done[case] = (config, launch_args, observed(out))
-        return done[case]
+        name, launch_args, _ = LAUNCHED[case]
+        config = wizard_default if name is None else CONFIG_DIR / name
+        if case == "multi_cpu":  # the doctor's own smoke run
+            out, stderr = smoke_multi_cpu[1], ""
+        else:
+            out, proc = launch_once(config, *TRAIN_ARGS, launch_args=launch_args)
+            stderr = proc.stderr
+        return config, launch_args, observed(out), stderr, out
 
     return launch
 
 
 @pytest.mark.parametrize("case", LAUNCHED)
 def test_plan_equals_what_a_real_launch_records(case, launches):
-    config, launch_args, seen = launches(case)
+    """Also the test that every shipped CPU config trains under `accelerate launch` (2 steps, the recorded world
+    size, device and precision), and that MULTI_GPU without CUDA trains as real gloo ranks, not rank-0 copies."""
+    config, launch_args, seen, stderr, out = launches(case)
     diag = diagnose_config(config, Environment.detect(), launch_args=launch_args)
     assert diag.ok, diag.findings
     assert {**seen, "device": seen["device"].split(":")[0]} == LAUNCHED[case][2]  # the facts ("cpu:0" is rank 0's)
     assert not disagreements(diag.plan["run"], seen), (diag.plan["run"], seen)
     gloo = LAUNCHED[case][2]["world_size"] > 1
     assert (diag.plan["world_size"], diag.plan["backend"]) == (seen["world_size"], "gloo" if gloo else None)
+    assert summary(out)["global_step"] == 2
     if case == "multi_gpu_without_cuda":
         assert finding(diag, "multi-gpu-without-gpu").level == "warning"
+        assert "no CUDA device" in stderr  # the run says so too
 
 
 def test_doctor_smoke_prints_plan_and_run_side_by_side(smoke_multi_cpu):

@@ -7,13 +7,14 @@ use), the state-dict helpers (torch/accelerate where they do the job) and the st
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import FAST, REPO, SMALL_RUN, _env, check, launch_cmd, metrics
+from conftest import FAST, REPO, SMALL_RUN, _env, check, launch_cmd, metrics, run_here
 from torch import nn
 
 from accel_train.config import parse_config
@@ -114,12 +115,14 @@ def test_a_tracker_without_its_package_is_one_line_naming_it_before_the_run(tmp_
     assert not (tmp_path / "run").exists()
 
 
-def test_report_to_mlflow_logs_the_run_into_the_run_folder(tmp_path):
+def test_report_to_mlflow_logs_the_run_into_the_run_folder(tmp_path, monkeypatch):
     """MLflow (accelerate's tracker) next to the CSV one: the same values as metrics.jsonl, in <run>/mlruns."""
     pytest.importorskip("mlflow", reason="pip install mlflow-skinny (requirements-dev.txt)")
+    for name in [k for k in os.environ if k.startswith("MLFLOW_")]:  # they would redirect the run
+        monkeypatch.delenv(name)
     out = tmp_path / "run"
     check(
-        _run(
+        run_here(
             "train.py",
             *TINY,
             "--max-steps",

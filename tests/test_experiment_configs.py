@@ -7,7 +7,7 @@ steps on synthetic stand-in data of the same shape (1x28x28, 10 classes).
 from __future__ import annotations
 
 import pytest
-from conftest import FAST, REPO, check, run_script, summary
+from conftest import FAST, REPO, check, run_here, summary
 
 from accel_train.config import parse_config
 
@@ -96,7 +96,7 @@ def test_yaml_exponent_numbers_are_numbers(tmp_path):
 def test_config_trains_two_steps_on_synthetic_data(tmp_path, name):
     out = tmp_path / "run"
     proc = check(
-        run_script(
+        run_here(
             "train.py",
             "--config",
             str(CONFIG_DIR / name),

@@ -10,7 +10,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import FAST, REPO, _env, check, launch_cmd, max_abs_diff, metrics, run_script, summary, weights
+from conftest import FAST, REPO, _env, check, fit_here, launch_cmd, max_abs_diff, metrics, run_script, summary, weights
 
 from accel_train.launch import child_pids, wait_for_step
 
@@ -105,7 +105,9 @@ def test_hung_rank_times_out_everywhere(tmp_path):
         "--max-steps",
         "40",
         "--dist-timeout",
-        "8",
+        "5",
+        "--stop-grace",
+        "2",
         "--output-dir",
         str(out),
         config="multi_cpu.yaml",
@@ -115,8 +117,10 @@ def test_hung_rank_times_out_everywhere(tmp_path):
     elapsed = time.time() - t0
     assert proc.returncode != 0
     assert "[rank 0] error" in proc.stderr
-    # timeout 8 s + the 25 s grace the hung rank gets after the launcher's SIGTERM + start-up
-    assert elapsed < 8 + 25 + 30, f"took {elapsed:.0f}s"
+    # the hung rank got the launcher's SIGTERM, found no step boundary and left after --stop-grace
+    assert "no step boundary reached 2s after SIGTERM" in proc.stderr, proc.stderr[-3000:]
+    # timeout 5 s + the 2 s grace + start-up
+    assert elapsed < 5 + 2 + 60, f"took {elapsed:.0f}s"
 
 
 def test_nonfinite_loss_stops_with_own_exit_code_and_keeps_last_good_checkpoint(tmp_path):
@@ -211,7 +215,7 @@ def test_sigint_single_process_stops_cleanly(tmp_path):
     log, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, log[-3000:]  # stopped, not finished: `train.py && eval.py` does not go on
     assert "received SIGINT" in log
-    check(run_script("train.py", *LENET, "--max-steps", "60", "--resume", "auto", "--output-dir", str(out)))
+    fit_here(*LENET, "--max-steps", "60", "--resume", "auto", "--output-dir", str(out))
     assert summary(out)["global_step"] == 60
 
 

@@ -259,6 +259,17 @@ def test_api_takes_a_hugging_face_dataset_and_a_model_name(tmp_path):
     load_model(out / "model")
 
 
+def test_api_runs_twice_in_one_session_with_another_precision(tmp_path):
+    """A notebook trains fp32, then bf16: accelerate alone would refuse the second ("restart your runtime")."""
+    import accel_train
+
+    images, labels = torch.rand(64, 1, 16, 16), torch.arange(64) % 4
+    for i, precision in enumerate(("no", "bf16", "no")):
+        out = tmp_path / f"{i}_{precision}"
+        accel_train.train(Net, TensorDataset(images, labels), output_dir=str(out), mixed_precision=precision, **OPTIONS)
+        assert summary(out)["mixed_precision"] == precision and summary(out)["global_step"] == 6
+
+
 def test_api_errors_say_what_to_do(tmp_path):
     import accel_train
 

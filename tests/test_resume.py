@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import FAST, REPO, _env, check, max_abs_diff, metrics, run_script, summary, weights
+from conftest import FAST, REPO, _env, check, fit_here, max_abs_diff, metrics, run_script, summary, weights
 
 # mnist_cnn has dropout, so the RNG must be restored exactly; 12x12 images keep it small.
 CNN = ["--model", "mnist_cnn", "--image-size", "12", "--batch-size", "16", "--log-every", "1", *FAST]
@@ -27,23 +27,15 @@ def _train_series(run_dir):
     }
 
 
-def _fit(*args: str) -> dict:
-    """``loop.fit`` in this process (what scripts/train.py runs, without paying its start-up per run)."""
-    from accel_train.config import parse_config
-    from accel_train.loop import fit
-
-    return fit(parse_config(list(args)))
-
-
 def test_exact_resume_one_process_is_bitwise(tmp_path, capsys):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     # 256 samples / 16 = 16 steps per epoch: N=20 stops mid-epoch and 2N crosses two epoch boundaries
     data = ["--dataset", "synthetic", "--synthetic-size", "256", "--synthetic-test-size", "64", "--max-steps", "40"]
-    _fit(*CNN, *data, "--output-dir", str(straight))
-    _fit(*CNN, *data, "--stop-at-step", "20", "--output-dir", str(resumed))
+    fit_here(*CNN, *data, "--output-dir", str(straight))
+    fit_here(*CNN, *data, "--stop-at-step", "20", "--output-dir", str(resumed))
     assert "stopped at step 20" in capsys.readouterr().out
     assert not (resumed / "summary.json").exists()
-    _fit(*CNN, *data, "--resume", "auto", "--output-dir", str(resumed))
+    fit_here(*CNN, *data, "--resume", "auto", "--output-dir", str(resumed))
     a, b = weights(straight), weights(resumed)
     assert all((a[k] == b[k]).all() for k in a), f"max diff {max_abs_diff(a, b)}"
     sa, sb = _train_series(straight), _train_series(resumed)
@@ -53,11 +45,18 @@ def test_exact_resume_one_process_is_bitwise(tmp_path, capsys):
 
 
 def test_exact_resume_two_processes(tmp_path):
+    """2 ranks stopped mid-epoch and resumed end where 1 process straight through at the same global batch does.
+
+    The reference runs in this process (one launch fewer); SGD, because 1 vs 2 processes sum gradients in
+    another order and Adam amplifies that to ~1e-5 (see ACROSS below). A wrong data order, RNG state (mnist_cnn
+    has dropout) or optimizer state after the resume is ~1e-2 off.
+    """
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    args = [*CNN, "--max-steps", "30", "--batch-size", "8"]
-    check(run_script("train.py", *args, "--output-dir", str(straight), config="multi_cpu.yaml"))
+    args = [*CNN, "--max-steps", "30", "--global-batch-size", "16", "--optimizer", "sgd", "--lr", "0.05"]
+    fit_here(*args, "--output-dir", str(straight))
     check(run_script("train.py", *args, "--stop-at-step", "13", "--output-dir", str(resumed), config="multi_cpu.yaml"))
     check(run_script("train.py", *args, "--resume", "auto", "--output-dir", str(resumed), config="multi_cpu.yaml"))
+    assert summary(resumed)["world_size"] == 2 and summary(resumed)["global_step"] == 30
     assert max_abs_diff(weights(straight), weights(resumed)) <= 1e-6
 
 
@@ -77,27 +76,45 @@ def test_compiled_ddp_stop_and_resume_equals_straight_run(tmp_path):
     assert summary(resumed)["world_size"] == 2 and summary(resumed)["global_step"] == 12
 
 
-@pytest.mark.parametrize("first,second", [("multi_cpu.yaml", None), (None, "multi_cpu.yaml")])
-def test_resume_across_setups(tmp_path, first, second):
-    """Stop on one setup, continue on the other at the same global batch: same weights as straight through.
+# SGD at lr 0.02, not the default Adam at 2e-3: a 2-process all-reduce sums gradients in another order
+# (weights differ by ~4e-9 after one step), and at the default settings 24 steps on digits amplify that to
+# 8e-5 on an AVX512 CPU without AMX (measured; 1 vs 2 processes straight through, no resume involved). At
+# SGD lr 0.02 the two stay within 2e-8, so 1e-5 still catches a wrong data order, LR or optimizer state.
+ACROSS = ["--model", "lenet", "--global-batch-size", "32", "--max-steps", "24", "--log-every", "1", *FAST]
+ACROSS += ["--optimizer", "sgd", "--lr", "0.02"]
 
-    SGD at lr 0.02, not the default Adam at 2e-3: a 2-process all-reduce sums gradients in another order
-    (weights differ by ~4e-9 after one step), and at the default settings 24 steps on digits amplify that to
-    8e-5 on an AVX512 CPU without AMX (measured; 1 vs 2 processes straight through, no resume involved). At
-    SGD lr 0.02 the two stay within 2e-8, so 1e-5 still catches a wrong data order, LR or optimizer state.
-    """
-    lenet = ["--model", "lenet", "--global-batch-size", "32", "--max-steps", "24", "--log-every", "1", *FAST]
-    lenet += ["--optimizer", "sgd", "--lr", "0.02"]
-    straight, moved = tmp_path / "straight", tmp_path / "moved"
-    check(run_script("train.py", *lenet, "--output-dir", str(straight)))
-    check(run_script("train.py", *lenet, "--stop-at-step", "11", "--output-dir", str(moved), config=first))
-    proc = check(run_script("train.py", *lenet, "--resume", "auto", "--output-dir", str(moved), config=second))
-    assert "resumed from" in proc.stdout
+
+@pytest.fixture(scope="module")
+def straight_lenet(tmp_path_factory):
+    """One process straight through, in this process: the reference for both directions below."""
+    out = tmp_path_factory.mktemp("across") / "straight"
+    fit_here(*ACROSS, "--output-dir", str(out))
+    return out
+
+
+def _run_part(config: str | None, *args: str) -> str:
+    """One part of a moved run: in this process for the single-process setup, launched for multi_cpu.yaml."""
+    if config is None:
+        from contextlib import redirect_stdout
+        from io import StringIO
+
+        with redirect_stdout(StringIO()) as stdout:
+            fit_here(*ACROSS, *args)
+        return stdout.getvalue()
+    return check(run_script("train.py", *ACROSS, *args, config=config)).stdout
+
+
+@pytest.mark.parametrize("first,second", [("multi_cpu.yaml", None), (None, "multi_cpu.yaml")])
+def test_resume_across_setups(tmp_path, straight_lenet, first, second):
+    """Stop on one setup, continue on the other at the same global batch: same weights as straight through."""
+    moved = tmp_path / "moved"
+    _run_part(first, "--stop-at-step", "11", "--output-dir", str(moved))
+    assert "resumed from" in _run_part(second, "--resume", "auto", "--output-dir", str(moved))
     assert summary(moved)["world_size"] == (2 if second else 1)
     assert summary(moved)["samples_seen"] == 24 * 32
-    assert max_abs_diff(weights(straight), weights(moved)) <= 1e-5
+    assert max_abs_diff(weights(straight_lenet), weights(moved)) <= 1e-5
     # the continued run picks up the data and the LR exactly where the first stopped
-    sa, sb = _train_series(straight), _train_series(moved)
+    sa, sb = _train_series(straight_lenet), _train_series(moved)
     assert sb[("train", 12)]["lr"] == pytest.approx(sa[("train", 12)]["lr"], rel=1e-12)
     assert sb[("train", 12)]["loss"] == pytest.approx(sa[("train", 12)]["loss"], abs=1e-5)
 
@@ -118,10 +135,10 @@ def test_checkpoint_naming_after_resume_and_keep_last(tmp_path):
         "--output-dir",
         str(out),
     ]
-    check(run_script("train.py", *args, "--stop-at-step", "10"))
+    fit_here(*args, "--stop-at-step", "10")
     names = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert names == ["step_00000008", "step_00000010"]
-    check(run_script("train.py", *args, "--resume", "auto"))
+    fit_here(*args, "--resume", "auto")
     names = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert names == ["step_00000016", "step_00000020"]  # numbered after the resumed one; oldest deleted
     progress = json.loads((out / "checkpoints" / "step_00000020" / "progress.json").read_text())
@@ -171,7 +188,7 @@ def test_kill_during_save_keeps_resume_working(tmp_path):
             proc.kill()
         proc.wait()
     assert killed_partial, "never caught the process in the middle of a save"
-    check(run_script("train.py", *args, "--resume", "auto", "--extend", "--max-steps", "14"))
+    fit_here(*args, "--resume", "auto", "--extend", "--max-steps", "14")  # in this process: the kill was the launch
     assert summary(out)["global_step"] == 14
     assert not list(ckpts.glob(".tmp-*"))  # the next save cleaned the partial folder
 
@@ -180,7 +197,7 @@ def test_evaluate_and_convert_scripts_end_to_end(tmp_path, capsys):
     from accel_train.commands import convert
 
     out = tmp_path / "run"
-    _fit("--model", "lenet", "--max-steps", "30", *FAST, "--output-dir", str(out))  # in-process: scripts below
+    fit_here("--model", "lenet", "--max-steps", "30", *FAST, "--output-dir", str(out))  # in-process: scripts below
     ckpt = sorted((out / "checkpoints").iterdir())[-1]
     # evaluate a checkpoint under 2 processes: exact sample count and per-class numbers
     report_path = tmp_path / "eval.json"
@@ -203,13 +220,17 @@ def test_evaluate_and_convert_scripts_end_to_end(tmp_path, capsys):
     assert report["accuracy"] == pytest.approx(summary(out)["eval_accuracy"], abs=1e-9)
     assert set(report["per_class_accuracy"]) == {str(i) for i in range(10)}
     assert (tmp_path / "cm.png").read_bytes()[:4] == b"\x89PNG"
-    # convert the checkpoint to a clean export and evaluate that on 1 process
+    # convert the checkpoint to a clean export and evaluate that on 1 process (the commands' mains in this
+    # process: test_weights.py::test_scripts_end_to_end runs the scripts' entry points)
+    from accel_train.commands import evaluate
+
     clean = tmp_path / "clean"
-    check(run_script("convert_checkpoint.py", str(ckpt), "--out", str(clean)))
+    assert convert.main([str(ckpt), "--out", str(clean)]) in (0, None)
     assert (clean / "model.safetensors").exists() and (clean / "config.json").exists()
-    report2 = json.loads(check(run_script("eval.py", "--weights", str(clean))).stdout)
-    assert report2["accuracy"] == report["accuracy"]
-    # inspection (the command's main in this process; the script's entry point ran just above)
     capsys.readouterr()
+    assert evaluate.main(["--weights", str(clean)]) in (0, None)
+    report2 = json.loads(capsys.readouterr().out)
+    assert report2["accuracy"] == report["accuracy"]
+    # inspection
     assert convert.main([str(ckpt), "--json"]) in (0, None)
     assert json.loads(capsys.readouterr().out)["num_tensors"] > 0

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FAST, REPO, check, launch_cmd, metrics, run_script, summary
+from conftest import FAST, REPO, check, fit_here, launch_cmd, metrics, run_here, run_script, summary
 from datafiles import undecodable_png, write_image_folder
 
 from accel_train.launch import child_env, child_pids, wait_for_step
@@ -50,7 +50,7 @@ def finished_run(tmp_path_factory) -> Path:
     """A short finished run with two checkpoints, TensorBoard and plots: copied by each test."""
     out = tmp_path_factory.mktemp("run") / "run"
     args = ["--max-steps", "12", "--checkpoint-every", "6", "--keep-last", "5", "--no-progress"]  # TensorBoard, plots
-    check(run_script("train.py", "--output-dir", str(out), *args))
+    check(run_here("train.py", "--output-dir", str(out), *args))
     return out
 
 
@@ -69,7 +69,7 @@ def test_overwrite_that_fails_leaves_the_previous_run_intact(tmp_path, finished_
     png = sorted((images / "test" / "a").glob("*.png"))[0]
     undecodable_png(png)
     before = snapshot(run)
-    proc = run_script(
+    proc = run_here(
         "train.py", "--output-dir", str(run), "--overwrite", "--dataset", f"imagefolder:{images}",
         "--batch-size", "4", "--epochs", "1", *FAST,
     )  # fmt: skip
@@ -84,7 +84,7 @@ def test_overwrite_removes_exactly_what_a_run_wrote(tmp_path, finished_run):
     (run / "notes.txt").write_text("mine\n")
     assert (run / "tb").is_dir() and (run / "confusion.json").is_file()
     old_tb = {p.name for p in (run / "tb").rglob("events.out.tfevents.*")}
-    check(run_script("train.py", "--output-dir", str(run), "--overwrite", "--max-steps", "3", "--no-progress"))
+    check(run_here("train.py", "--output-dir", str(run), "--overwrite", "--max-steps", "3", "--no-progress"))
     assert (run / "notes.txt").read_text() == "mine\n", "a user's own file is never touched"
     assert not (run / REPLACED).exists(), "the replaced run is deleted once the new one finished"
     assert summary(run)["global_step"] == 3
@@ -108,7 +108,7 @@ def test_second_writer_is_refused_and_a_stale_lock_is_not(tmp_path, finished_run
         holder.release()
     # a lock left by a process that died (no flock held, its PID gone) does not block
     (run / LOCK).write_text(json.dumps({"pid": 2**22 + 17, "host": socket.gethostname(), "started": "then"}))
-    check(run_script("train.py", "--output-dir", str(run), "--resume", "auto", "--extend", "--max-steps", "14", *FAST))
+    check(run_here("train.py", "--output-dir", str(run), "--resume", "auto", "--extend", "--max-steps", "14", *FAST))
     assert summary(run)["global_step"] == 14
 
 
@@ -180,11 +180,8 @@ def test_disk_full_during_a_checkpoint_keeps_the_previous_one(tmp_path, capsys):
     first = out / "checkpoints" / "step_00000006"
     one_error(proc, "cannot write checkpoint", "no space left", "free", f"previous checkpoint {first} is intact")
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000006"], "no half-written folder"
-    from accel_train.config import parse_config
-    from accel_train.loop import fit
-
     capsys.readouterr()
-    fit(parse_config(["--output-dir", str(out), "--resume", "auto", "--max-steps", "18", *FAST]))  # in-process
+    fit_here("--output-dir", str(out), "--resume", "auto", "--max-steps", "18", *FAST)
     stdout = capsys.readouterr().out
     assert "resumed from" in stdout and "step_00000006" in stdout
     assert summary(out)["global_step"] == 18
@@ -201,19 +198,19 @@ def test_disk_full_during_export_or_metrics_is_one_line(tmp_path, spec, needle):
 
 
 # ---- folders that must not be used -----------------------------------------------------------------------------
-def test_roots_home_and_foreign_folders_are_refused(tmp_path):
+def test_roots_home_and_foreign_folders_are_refused(tmp_path, monkeypatch):
     home = tmp_path / "home"
     home.mkdir()
-    env = {"HOME": str(home)}
-    one_error(run_script("train.py", "--output-dir", "/", *FAST, env=env), "is a filesystem root")
-    one_error(run_script("train.py", "--output-dir", str(home), *FAST, env=env), "is your home folder")
+    monkeypatch.setenv("HOME", str(home))
+    one_error(run_here("train.py", "--output-dir", "/", *FAST), "is a filesystem root")
+    one_error(run_here("train.py", "--output-dir", str(home), *FAST), "is your home folder")
     mine = tmp_path / "mine"
     (mine / "model").mkdir(parents=True)
     (mine / "model" / "model.safetensors").write_bytes(b"my own weights")
     (mine / "config.yaml").write_text("my: config\n")
     before = snapshot(mine)
     for extra in ([], ["--overwrite"]):
-        proc = run_script("train.py", "--output-dir", str(mine), "--max-steps", "2", *FAST, *extra)
+        proc = run_here("train.py", "--output-dir", str(mine), "--max-steps", "2", *FAST, *extra)
         one_error(proc, "is not an accel_train run", "model")
     assert snapshot(mine) == before
 

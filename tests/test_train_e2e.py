@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import FAST, check, max_abs_diff, metrics, run_script, summary, weights
+from conftest import FAST, check, fit_here, max_abs_diff, metrics, run_script, summary, weights
 
 LENET_20 = ["--model", "lenet", "--max-steps", "20", "--log-every", "1", *FAST]
 
@@ -44,26 +44,20 @@ def test_default_run_plain_python(tmp_path):
     assert list((out / "tb").rglob("events.out.tfevents.*")), "TensorBoard is the default tracker"
 
 
-def test_default_run_accelerate_cpu_config(tmp_path):
-    out = tmp_path / "run"
-    check(run_script("train.py", "--output-dir", str(out), "--report-to", "none", config="cpu.yaml"))
-    s = _assert_run_dir(out, 1)
-    assert s["eval_accuracy"] >= 0.95
-    assert s["distributed_type"] == "NO"
-
-
-def test_two_gloo_processes_from_multi_cpu_yaml(tmp_path):
+def test_default_run_on_two_gloo_ranks_from_multi_cpu_yaml(tmp_path):
+    """The whole default run on 2 gloo ranks. (cpu.yaml, one process under `accelerate launch`, is launched in
+    test_doctor.py::test_plan_equals_what_a_real_launch_records; the plain run above is the same process.)"""
     out = tmp_path / "run"
     check(run_script("train.py", "--output-dir", str(out), "--report-to", "none", config="multi_cpu.yaml"))
     s = _assert_run_dir(out, 2)
     assert s["eval_accuracy"] >= 0.95
-    assert s["distributed_type"] == "MULTI_CPU"
+    assert s["distributed_type"] == "MULTI_CPU" and s["mixed_precision"] == "no"
 
 
 def test_parity_one_process_vs_two_and_exact_eval(tmp_path):
     """1 x 32 vs 2 x 16 (same global batch): same weights, same LR at every step, exact eval counts."""
     one, two = tmp_path / "one", tmp_path / "two"
-    check(run_script("train.py", *LENET_20, "--batch-size", "32", "--output-dir", str(one)))
+    fit_here(*LENET_20, "--batch-size", "32", "--output-dir", str(one))
     # eval batch 7 x 2 processes = 14 does not divide the 360 test samples: padding must not be counted
     check(
         run_script(
@@ -92,9 +86,10 @@ def test_parity_one_process_vs_two_and_exact_eval(tmp_path):
 # the float32 rounding of near-zero gradients (summation order, thread count) into weight differences of ~1e-5
 # for mnist_cnn. The resnets at 8x8 end in 1x1 feature maps whose BatchNorm amplifies rounding: at --lr 2e-3,
 # even one process with 1 thread against 2 threads differs by 1e-3 after 20 steps; at 5e-5 both stay ~1e-7.
+# resnet18's pair (the same arguments) is test_sync_bn.py's end-to-end runs, which also show the pair without
+# --sync-bn differing.
 PARITY = {
     "mnist_cnn": ["--lr", "0.05", "--ema", "0.9", "--mixup", "0.4", "--cutmix", "1.0", "--label-smoothing", "0.1"],
-    "resnet18": ["--lr", "5e-5", "--sync-bn"],
     "tv_resnet18": ["--lr", "5e-5", "--sync-bn"],
 }
 
@@ -102,12 +97,9 @@ PARITY = {
 @pytest.mark.parametrize("model", sorted(PARITY))
 def test_parity_every_builtin_model(tmp_path, model):
     """1 x 32 (in this process) vs 2 gloo processes x 16, 20 steps: the same weights (and EMA weights)."""
-    from accel_train.config import parse_config
-    from accel_train.loop import fit
-
     one, two = tmp_path / "one", tmp_path / "two"
     args = ["--model", model, "--image-size", "8", "--optimizer", "sgd", "--max-steps", "20", *FAST, *PARITY[model]]
-    fit(parse_config([*args, "--batch-size", "32", "--output-dir", str(one)]))
+    fit_here(*args, "--batch-size", "32", "--output-dir", str(one))
     check(run_script("train.py", *args, "--batch-size", "16", "--output-dir", str(two), config="multi_cpu.yaml"))
     assert summary(two)["world_size"] == 2 and summary(two)["global_step"] == 20
     assert max_abs_diff(weights(one), weights(two)) <= 1e-5
@@ -115,14 +107,9 @@ def test_parity_every_builtin_model(tmp_path, model):
         assert max_abs_diff(weights(one, "model_ema"), weights(two, "model_ema")) <= 1e-5
 
 
-@pytest.mark.parametrize("config", ["cpu.yaml", "cpu_bf16.yaml", "multi_cpu.yaml", "multi_cpu_bf16.yaml"])
-def test_runnable_configs_train_a_few_steps(tmp_path, config):
-    out = tmp_path / "run"
-    check(run_script("train.py", "--max-steps", "3", "--output-dir", str(out), *FAST, config=config))
-    s = summary(out)
-    assert s["global_step"] == 3
-    assert s["world_size"] == (2 if config.startswith("multi") else 1)
-    assert s["mixed_precision"] == ("bf16" if "bf16" in config else "no")
+# Every other shipped CPU config (cpu_bf16.yaml, multi_cpu_bf16.yaml, multi_gpu.yaml without CUDA) trains under
+# `accelerate launch` in test_doctor.py::test_plan_equals_what_a_real_launch_records, which checks the recorded
+# world size, device and precision against the doctor's plan.
 
 
 def test_multi_machine_multi_cpu_type_without_mpirun_is_refused(tmp_path):
@@ -141,32 +128,9 @@ def test_multi_machine_multi_cpu_type_without_mpirun_is_refused(tmp_path):
     assert not (out / "summary.json").exists()
 
 
-def test_multi_gpu_config_without_cuda_trains_as_real_ranks(tmp_path):
-    """MULTI_GPU on a CPU-only box must not become 2 independent rank-0 copies."""
-    out = tmp_path / "run"
-    proc = check(
-        run_script(
-            "train.py",
-            "--max-steps",
-            "2",
-            "--output-dir",
-            str(out),
-            *FAST,
-            config="multi_gpu.yaml",
-            launch_args=("--num_processes", "2"),
-        )
-    )
-    assert summary(out)["world_size"] == 2
-    assert "no CUDA device" in proc.stderr
-
-
-def test_fp16_on_cpu_warns(tmp_path):
-    proc = check(
-        run_script(
-            "train.py", "--max-steps", "2", "--mixed-precision", "fp16", "--output-dir", str(tmp_path / "r"), *FAST
-        )
-    )
-    assert "fp16 mixed precision is ignored on CPU" in proc.stderr
+def test_fp16_on_cpu_warns(tmp_path, capsys):
+    fit_here("--max-steps", "2", "--mixed-precision", "fp16", "--output-dir", str(tmp_path / "r"), *FAST)
+    assert "fp16 mixed precision is ignored on CPU" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -16,15 +16,18 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FAST, REPO, _env, check, metrics, run_script, summary
+from conftest import FAST, REPO, _env, check, metrics, run_here, run_script, summary
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # One torch thread: the same results, and no OpenMP spin-waiting when other jobs share the 2 cores.
 SHORT = ["--max-steps", "12", "--log-every", "5", "--threads", "1"]
 
 
-def _train(out: Path, *args: str, **kwargs) -> subprocess.CompletedProcess:
-    return run_script("train.py", "--output-dir", str(out), *args, **kwargs)
+def _train(out: Path, *args: str, config: str | None = None) -> subprocess.CompletedProcess:
+    """train.py into ``out``: in this process (``run_here``), or launched under ``config``."""
+    if config is None:
+        return run_here("train.py", "--output-dir", str(out), *args)
+    return run_script("train.py", "--output-dir", str(out), *args, config=config)
 
 
 # --------------------------------------------------------------------------- shared runs
@@ -246,7 +249,7 @@ def test_curves_png_at_the_end_of_a_run(default_run):
 def test_plot_runs_compares_two_real_runs(default_run, multi_cpu_run, tmp_path):
     cpu, _ = default_run
     out_png = tmp_path / "compare.png"
-    proc = check(run_script("plot_runs.py", str(cpu), str(multi_cpu_run), "--out", str(out_png)))
+    proc = check(run_here("plot_runs.py", str(cpu), str(multi_cpu_run), "--out", str(out_png)))
     assert out_png.read_bytes()[:8] == PNG_SIGNATURE and out_png.stat().st_size > 10_000
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
     assert rows[0].startswith("| run |"), proc.stdout
@@ -291,7 +294,7 @@ def test_predict_on_exported_model(default_run, tmp_path):
         path = tmp_path / f"digit_{label}.png"
         Image.fromarray(pixels, mode="L").resize((28, 28), Image.Resampling.BILINEAR).save(path)
         paths[label] = path
-    proc = check(run_script("predict.py", "--weights", str(out / "model"), *map(str, paths.values()), "--top-k", "3"))
+    proc = check(run_here("predict.py", "--weights", str(out / "model"), *map(str, paths.values()), "--top-k", "3"))
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     assert len(lines) == 2, proc.stdout
     for label, path in paths.items():
@@ -318,7 +321,7 @@ def test_predict_on_exported_model(default_run, tmp_path):
     ids=["bad-flag-value", "unknown-model", "unknown-dataset", "missing-config"],
 )
 def test_user_mistakes_are_one_line_errors(tmp_path, args, expect):
-    proc = _train(tmp_path / "run", *args, *FAST, "--max-steps", "1")
+    proc = run_script("train.py", "--output-dir", str(tmp_path / "run"), *args, *FAST, "--max-steps", "1")
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, proc.stderr
@@ -327,7 +330,7 @@ def test_user_mistakes_are_one_line_errors(tmp_path, args, expect):
 
 
 def test_debug_shows_the_traceback(tmp_path):
-    proc = _train(tmp_path / "run", "--lr", "abc", "--debug")
+    proc = run_script("train.py", "--output-dir", str(tmp_path / "run"), "--lr", "abc", "--debug")
     assert proc.returncode == 2
     assert "Traceback" in proc.stderr
     assert sum(line.startswith("error:") for line in proc.stderr.splitlines()) == 1

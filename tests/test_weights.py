@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import run_here
 from PIL import Image
 from safetensors.torch import save_file
 from torch import nn
@@ -542,7 +543,7 @@ def test_scripts_end_to_end(tmp_path):
 
     out = tmp_path / "clean"
     flags = ["--model", "lenet", "--num-classes", "10", "--in-channels", "1", "--image-size", "28"]
-    converted = _run_script("scripts/convert_checkpoint.py", str(source), "--out", str(out), *flags)
+    converted = run_here("convert_checkpoint.py", str(source), "--out", str(out), *flags)  # the main, in this process
     assert converted.returncode == 0, converted.stderr
     assert (out / "model.safetensors").is_file()
     config = json.loads((out / "config.json").read_text())
@@ -570,7 +571,7 @@ def test_scripts_end_to_end(tmp_path):
     x = (torch.from_numpy(pixels)[None, None] - 0.5) / 0.25
     with torch.no_grad():
         expected = torch.softmax(original(x), dim=1)[0]
-    as_json = _run_script("scripts/predict.py", "--weights", str(out), *map(str, images), "--json", "--top-k", "20")
+    as_json = run_here("predict.py", "--weights", str(out), *map(str, images), "--json", "--top-k", "20")
     assert as_json.returncode == 0, as_json.stderr
     results = json.loads(as_json.stdout)
     assert [r["image"] for r in results] == [str(p) for p in images]
@@ -582,17 +583,17 @@ def test_scripts_end_to_end(tmp_path):
 
 def test_convert_without_model_and_json_inspection(tmp_path):
     source = _compiled_pt(_model(), tmp_path)
-    converted = _run_script("scripts/convert_checkpoint.py", str(source), "--out", str(tmp_path / "c"))
+    converted = run_here("convert_checkpoint.py", str(source), "--out", str(tmp_path / "c"))
     assert converted.returncode == 0, converted.stderr
     assert "--model" in converted.stdout
     assert (tmp_path / "c" / "model.safetensors").is_file() and not (tmp_path / "c" / "config.json").exists()
-    inspected = _run_script("scripts/convert_checkpoint.py", str(tmp_path / "c"), "--json")
+    inspected = run_here("convert_checkpoint.py", str(tmp_path / "c"), "--json")
     assert inspected.returncode == 0, inspected.stderr
     info = json.loads(inspected.stdout)
     assert info["format"] == "safetensors" and info["num_tensors"] == len(_model().state_dict())
 
-    mismatch = _run_script(
-        "scripts/convert_checkpoint.py",
+    mismatch = run_here(
+        "convert_checkpoint.py",
         str(source),
         "--out",
         str(tmp_path / "d"),

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import FAST, REPO, _env, check, run_script, summary
+from conftest import REPO, _env, check, run_script, summary
 
 KINDS = ("default", "basic", "wizard")
 
@@ -126,25 +126,15 @@ def test_written_config_is_single_process(generated, kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_train_runs_under_accelerate_written_config(generated, kind, tmp_path):
-    out = tmp_path / "run"
+def test_train_runs_under_accelerate_written_config(generated, kind, launch_once):
+    """The doctor's smoke-run arguments, so files with the same contents (test_doctor.py launches
+    write_basic_config's too) share one launch."""
+    from accel_train.doctor.smoke import SMOKE_STEPS, TRAIN_ARGS
+
     num_processes = yaml.safe_load(generated[kind].read_text())["num_processes"]
-    check(
-        run_script(
-            "train.py",
-            "--max-steps",
-            "3",
-            "--no-checkpoint-epochs",
-            "--threads",
-            "1",
-            "--output-dir",
-            str(out),
-            *FAST,
-            config=str(generated[kind]),
-        )
-    )
+    out, _ = launch_once(generated[kind], *TRAIN_ARGS)
     s = summary(out)
-    assert s["global_step"] == 3
+    assert s["global_step"] == SMOKE_STEPS
     assert s["world_size"] == num_processes
     if kind == "wizard" or not _cuda():  # a CPU-only machine: accelerate's writers choose one CPU process
         assert s["world_size"] == 1 and s["device"] == "cpu"

@@ -190,10 +190,11 @@ def test_run_main_keeps_short_error_line(capsys):
 
 
 def test_alias_bomb_through_train_script(tmp_path):
+    """The real script refuses it in one line. Expanded, the bomb would take gigabytes and far longer than the
+    60 s timeout (which is the guard here: start-up time depends on the machine's load, the refusal does not);
+    the in-process tests above measure the refusal's time and memory."""
     path = write(tmp_path, billion_laughs(final_key="lr"), "bomb.yaml")
-    start = time.perf_counter()
     proc = run_script("train.py", "--config", str(path), "--output-dir", str(tmp_path / "run"), timeout=60)
-    elapsed = time.perf_counter() - start
     out = f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-2000:]}\nSTDERR:\n{proc.stderr[-3000:]}"
     assert proc.returncode == 2, out
     assert "Traceback" not in proc.stderr + proc.stdout, out
@@ -201,4 +202,3 @@ def test_alias_bomb_through_train_script(tmp_path):
     assert len(errors) == 1 and proc.stderr.count("\n") == 1, out
     assert "anchors/aliases expand too far" in errors[0] and str(path) in errors[0], out
     assert not (tmp_path / "run").exists()
-    assert elapsed < 5.0, f"took {elapsed:.1f}s"  # the refusal is instant; this is interpreter + torch start-up
