@@ -150,8 +150,8 @@ def _train(
 
 def pytest_check(ctx: Context) -> Check:
     # one process (no xdist workers): the GPU tests share one device and report its timings
-    argv = [sys.executable, "-m", "pytest", "-m", "gpu or multigpu", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
-    argv.append("tests")
+    argv = [sys.executable, "-m", "pytest", "-m", "gpu or multigpu", "-q", "-p", "no:cacheprovider"]
+    argv += ["-p", "no:xdist", "tests"]
     return Check(
         "pytest",
         "the GPU-marked tests (tests/test_gpu.py and others)",

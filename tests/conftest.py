@@ -210,7 +210,10 @@ def pytest_configure(config):
 def _shared_fixtures(item: pytest.Item) -> list:
     """This suite's module- and session-scoped fixtures that ``item`` uses, directly or through others."""
     defs = [d for ds in item._fixtureinfo.name2fixturedefs.values() for d in ds]
-    return [d for d in defs if d.scope in ("module", "session") and "tests" in Path(d.func.__code__.co_filename).parts]
+    here = Path(__file__).resolve().parent
+    return [
+        d for d in defs if d.scope in ("module", "session") and Path(d.func.__code__.co_filename).is_relative_to(here)
+    ]
 
 
 def shared_run_groups(items: list[pytest.Item]) -> dict[str, str]:
@@ -243,7 +246,7 @@ def pytest_collection_modifyitems(config, items):
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    groups = shared_run_groups(items)
+    groups = shared_run_groups(items) if getattr(config.option, "loadgroup", False) else {}  # on xdist workers
     for item in items:
         if item.nodeid in groups:
             item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))

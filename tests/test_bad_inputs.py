@@ -120,6 +120,7 @@ CLI_IN_PROCESS = [
     (["--val-split", "0"], ["--val-split must be between 0 and 1, got 0.0"]),
     (["--epochs", "1.5"], ["--epochs", "invalid int value: '1.5'", "--help"]),
     (["--eval-every", "-1"], ["--eval-every must be >= 0, got -1"]),
+    (["--stop-grace", "0"], ["--stop-grace must be a positive number of seconds, got 0.0"]),
     (["--mixed-precision", "fp8"], ["--mixed-precision", "'fp8'", "bf16"]),
     (["--max-device-batch", "8"], ["--max-device-batch only applies with --global-batch-size", "set G or drop it"]),
     (["--global-batch-size", "32", "--grad-accum-steps", "2"], ["--grad-accum-steps is derived", "drop one"]),
