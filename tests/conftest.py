@@ -94,6 +94,12 @@ def run_here(script: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess([script, *args], code, out.getvalue(), err.getvalue())
 
 
+def run_on(config: str | None, script: str, *args: str) -> subprocess.CompletedProcess:
+    """``script args`` on a setup: in this process (``run_here``) for one plain process, launched under
+    ``accelerate launch --config_file config`` otherwise."""
+    return run_script(script, *args, config=config) if config else run_here(script, *args)
+
+
 def check(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     assert proc.returncode == 0, (
         f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\nSTDERR:\n{proc.stderr[-6000:]}"

@@ -6,7 +6,7 @@ Single-process runs go through ``run_here`` (the command's main in this process)
 from __future__ import annotations
 
 import pytest
-from conftest import FAST, check, max_abs_diff, run_here, run_script, summary, weights
+from conftest import FAST, check, max_abs_diff, run_here, run_on, summary, weights
 from datafiles import write_cifar10, write_hf_disk, write_image_folder, write_mnist_idx
 
 TWO_STEPS = ["--max-steps", "2", "--batch-size", "4", "--model", "lenet", *FAST]
@@ -45,8 +45,7 @@ def test_global_batch_gives_the_same_weights_on_every_setup(tmp_path):
         "accum": (["--max-device-batch", "8"], None),
     }
     for name, (extra, config) in runs.items():
-        cmd = ("train.py", *args, *extra, "--output-dir", str(tmp_path / name))
-        proc = check(run_script(*cmd, config=config) if config else run_here(*cmd))
+        proc = check(run_on(config, "train.py", *args, *extra, "--output-dir", str(tmp_path / name)))
         assert "global batch 32 =" in proc.stdout
     assert summary(tmp_path / "two")["micro_batch"] == 16 and summary(tmp_path / "two")["world_size"] == 2
     assert summary(tmp_path / "accum")["accum_steps"] == 4 and summary(tmp_path / "accum")["micro_batch"] == 8

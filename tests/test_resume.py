@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import FAST, REPO, _env, check, fit_here, max_abs_diff, metrics, run_script, summary, weights
+from conftest import FAST, REPO, _env, check, fit_here, max_abs_diff, metrics, run_on, run_script, summary, weights
 
 # mnist_cnn has dropout, so the RNG must be restored exactly; 12x12 images keep it small.
 CNN = ["--model", "mnist_cnn", "--image-size", "12", "--batch-size", "16", "--log-every", "1", *FAST]
@@ -92,24 +92,13 @@ def straight_lenet(tmp_path_factory):
     return out
 
 
-def _run_part(config: str | None, *args: str) -> str:
-    """One part of a moved run: in this process for the single-process setup, launched for multi_cpu.yaml."""
-    if config is None:
-        from contextlib import redirect_stdout
-        from io import StringIO
-
-        with redirect_stdout(StringIO()) as stdout:
-            fit_here(*ACROSS, *args)
-        return stdout.getvalue()
-    return check(run_script("train.py", *ACROSS, *args, config=config)).stdout
-
-
 @pytest.mark.parametrize("first,second", [("multi_cpu.yaml", None), (None, "multi_cpu.yaml")])
 def test_resume_across_setups(tmp_path, straight_lenet, first, second):
     """Stop on one setup, continue on the other at the same global batch: same weights as straight through."""
     moved = tmp_path / "moved"
-    _run_part(first, "--stop-at-step", "11", "--output-dir", str(moved))
-    assert "resumed from" in _run_part(second, "--resume", "auto", "--output-dir", str(moved))
+    check(run_on(first, "train.py", *ACROSS, "--stop-at-step", "11", "--output-dir", str(moved)))
+    proc = check(run_on(second, "train.py", *ACROSS, "--resume", "auto", "--output-dir", str(moved)))
+    assert "resumed from" in proc.stdout
     assert summary(moved)["world_size"] == (2 if second else 1)
     assert summary(moved)["samples_seen"] == 24 * 32
     assert max_abs_diff(weights(straight_lenet), weights(moved)) <= 1e-5

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FAST, REPO, _env, check, metrics, run_here, run_script, summary
+from conftest import FAST, REPO, _env, check, metrics, run_here, run_on, run_script, summary
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # One torch thread: the same results, and no OpenMP spin-waiting when other jobs share the 2 cores.
@@ -24,10 +24,7 @@ SHORT = ["--max-steps", "12", "--log-every", "5", "--threads", "1"]
 
 
 def _train(out: Path, *args: str, config: str | None = None) -> subprocess.CompletedProcess:
-    """train.py into ``out``: in this process (``run_here``), or launched under ``config``."""
-    if config is None:
-        return run_here("train.py", "--output-dir", str(out), *args)
-    return run_script("train.py", "--output-dir", str(out), *args, config=config)
+    return run_on(config, "train.py", "--output-dir", str(out), *args)
 
 
 # --------------------------------------------------------------------------- shared runs
