@@ -4,7 +4,7 @@ python -m benchmarks --quick --out runs/bench_quick      # under 3 minutes
 python -m benchmarks --out runs/bench --data-dir data     # full: repeats, bf16 study, MNIST time to 97%
 
 Workloads: CPU setups train MNIST-shaped 1x28x28 synthetic data at batch 16-32; CUDA setups (where a GPU is
-visible) train CIFAR-shaped 3x32x32 synthetic data with resnet18 at batch 256, each pinned to one GPU
+visible) train CIFAR-shaped 3x32x32 synthetic data with resnet18 at batch 512, each pinned to one GPU
 (CUDA_VISIBLE_DEVICES), with TF32 set alike for the GEMM peak and both loops. --workload picks one for all.
 
 Writes OUT/benchmark.json, OUT/benchmark.md and OUT/benchmark.png (see benchmarks/bench.py).
@@ -59,7 +59,7 @@ def main(argv=None):
         "--workload",
         choices=("auto", "mnist", "cifar"),
         default="auto",
-        help="auto (default): MNIST-shaped 1x28x28 on CPU, CIFAR-shaped 3x32x32 resnet18 batch 256 on CUDA; "
+        help="auto (default): MNIST-shaped 1x28x28 on CPU, CIFAR-shaped 3x32x32 resnet18 batch 512 on CUDA; "
         "mnist or cifar: that one for every setup",
     )
     parser.add_argument(

@@ -257,7 +257,7 @@ def test_cuda_selects_the_cifar_workload_and_cpu_keeps_mnist(tmp_path):
     opts = bench.BenchOptions(out=tmp_path, quick=True)
     workload = opts.workload_for(CUDA_FP32)
     plan = opts.plan(CUDA_FP32, "resnet18")
-    assert (workload.channels, workload.image_size, plan.batch) == (3, 32, 256)
+    assert (workload.channels, workload.image_size, plan.batch) == (3, 32, 512)
     wrapper = tmp_path / "train_with_memory.py"
     cmd = bench.portable_command(
         CUDA_FP32,
@@ -273,9 +273,9 @@ def test_cuda_selects_the_cifar_workload_and_cpu_keeps_mnist(tmp_path):
     assert shown.startswith(
         "python scripts/train.py --dataset synthetic --synthetic-channels 3 --synthetic-image-size 32 --model resnet18 "
     )
-    assert "--global-batch-size 256" in shown
+    assert "--global-batch-size 512" in shown
     plain = bench.plain_command(CUDA_FP32, "resnet18", opts)
-    assert (plain["channels"], plain["image_size"], plain["batch"], plain["device"]) == (3, 32, 256, "cuda")
+    assert (plain["channels"], plain["image_size"], plain["batch"], plain["device"]) == (3, 32, 512, "cuda")
     assert plain["tf32"] is True and plain["log_every"] == bench.WINDOW_STEPS
 
     cells = bench._cells(opts, [CPU_FP32, CUDA_FP32])
@@ -438,7 +438,7 @@ def test_peak_memory_per_run_and_the_gpu_report(tmp_path):
     machine = {"peak_gflops_fp32": 200.0, "peak_gflops_fp32_cuda": 400000.0}
     results = bench.aggregate(raw, [CPU_FP32, CUDA_FP32], machine, opts)
     gpu, cpu = (next(r for r in results if r["setup"] == name) for name in ("cuda_fp32", "cpu_fp32"))
-    assert (gpu["workload"], gpu["global_batch"], gpu["input_shape"]) == ("cifar", 256, [3, 32, 32])
+    assert (gpu["workload"], gpu["global_batch"], gpu["input_shape"]) == ("cifar", 512, [3, 32, 32])
     assert (gpu["peak_memory_mb"], gpu["plain_peak_memory_mb"], gpu["cuda_visible_devices"]) == (1700.0, 1500.0, "0")
     assert gpu["precision_flags"] == {"portable": flags, "plain": flags}
     assert "speedup_vs_cpu_fp32" not in gpu  # CIFAR on a GPU vs MNIST on a CPU: no ratio

@@ -29,7 +29,13 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     accelerate's ``extract_model_from_parallel`` unwraps them; one call takes off only the outermost
     ``torch.compile``, so a compiled model inside DDP/DataParallel needs a second call: repeat until nothing
     changes (tests/test_ecosystem.py shows the single call falling short).
+
+    A model with neither ``module`` nor ``_orig_mod`` (what every one of those wrappers holds its model in)
+    is returned as is: accelerate's check for ``torch.compile`` reads ``torch._dynamo``, and that import
+    alone costs ``accel-evaluate``/``accel-predict``/``accel-convert`` about 1.5 s.
     """
+    if not hasattr(model, "module") and not hasattr(model, "_orig_mod"):
+        return model
     from accelerate.utils import extract_model_from_parallel
 
     while True:

@@ -22,6 +22,10 @@ import torch.nn.functional as F
 
 from accel_train.keyed import keyed_bits
 
+# torch.compiler.disable imports torch._dynamo (about 1.3 s) where the class is defined, i.e. in every command
+# that imports the models; torch's own lazy form (what torch.optim uses) imports it at the first forward.
+_run_eagerly = getattr(torch, "_disable_dynamo", torch.compiler.disable)
+
 
 class DropoutKeys:
     """What the masks of the current micro-batch are keyed on; one object shared by every layer of a model."""
@@ -53,7 +57,7 @@ class KeyedDropout(nn.Module):
     def extra_repr(self) -> str:
         return f"p={self.p}, keyed on the sample index as {self.name!r}"
 
-    @torch.compiler.disable  # the mask is a few integer ops on the indices: run eagerly, outside the graph
+    @_run_eagerly  # the mask is a few integer ops on the indices: run eagerly, outside the graph
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         indices = self.keys.indices
         if not self.training or self.p == 0.0:
