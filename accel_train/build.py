@@ -23,12 +23,13 @@ from accel_train.checkpoint.state import (
 from accel_train.config import TrainConfig, save_config
 from accel_train.data import build_dataset
 from accel_train.data.base import DataSplits
+from accel_train.data.folder import unaugmented_sample
 from accel_train.data.pipeline import BatchNormalizer, BatchPlan, make_loader, place_on_device, plan_batches
 from accel_train.errors import CheckpointError
 from accel_train.features import TrainFeatures, use_keyed_dropout
 from accel_train.features.device_batch import AUTO, fit_device_batch
 from accel_train.fsio import writing
-from accel_train.meters import Window
+from accel_train.meters import StepTimer, Window
 from accel_train.metrics import load_metric
 from accel_train.models import check_model_name, create_model
 from accel_train.optim import build_optimizer, build_scheduler, replan_schedule
@@ -74,6 +75,7 @@ def build_trainer(
     scheduler = build_scheduler(optimizer.optimizer, cfg, total_steps)
     install_unwrapped_weight_hooks(acc)  # nothing is registered for checkpointing: see checkpoint.verify
     resolved = _resolved(acc, plan, lr, total_steps, steps_per_epoch, chosen)
+    resolved["augment"] = splits.extra.get("augment")  # the description: random_crop(...)+hflip, or None
     meta = {"model_config": _model_config(cfg, splits), "config": cfg.to_dict(), "resolved": resolved}
     state = _resume(cfg, rt, resume_path, scheduler, plan, total_steps, feats) if resume_path else TrainState()
     _open_run_folder(cfg, rt, run_dir, resume_path, resolved)
@@ -114,7 +116,13 @@ def build_trainer(
         resume_path=resume_path,
         features=feats,
         window=window,
+        timer=StepTimer(train_s=_saved_seconds(state.extra.get("train_time_s"))),
     )
+
+
+def _saved_seconds(value: Any) -> float:
+    """A checkpoint's training seconds so far (0 for a fresh run, an older checkpoint or a damaged value)."""
+    return float(value) if isinstance(value, (int, float)) and 0 <= value < float("inf") else 0.0
 
 
 def _resolved(acc, plan: BatchPlan, lr: float, total_steps: int, steps_per_epoch: int, chosen: dict) -> dict[str, Any]:
@@ -145,6 +153,7 @@ def _prepare(cfg: TrainConfig, rt: Runtime, splits: DataSplits, plan: BatchPlan,
     info = splits.info
     if model is None:
         model = create_model(cfg.model, info.num_classes, info.in_channels, info.image_size)
+    _init_from_data(model, splits)
     model, dropout = use_keyed_dropout(model, cfg.seed)  # masks keyed on the sample, the same on any setup
     conv = any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
     backends = configure_backends(acc.device, acc.mixed_precision, cfg.tf32, cfg.channels_last, conv)
@@ -183,6 +192,17 @@ def _prepare(cfg: TrainConfig, rt: Runtime, splits: DataSplits, plan: BatchPlan,
     )
     chosen = {**dataclasses.asdict(backends), "data_on_device": splits.train in on_device}
     return (*acc.prepare(model, optimizer, train_dl, eval_dl), chosen, plan, features)
+
+
+def _init_from_data(model: torch.nn.Module, splits: DataSplits) -> None:
+    """A model with ``init_from_data(images)`` (airbench's whitening layer) is given normalised training images:
+    up to ``model.init_samples`` evenly spaced ones, unaugmented, from the whole split (not this process's
+    shard), so every process computes the same initial weights."""
+    init = getattr(model, "init_from_data", None)
+    if not callable(init) or len(splits.train) == 0:
+        return
+    images = unaugmented_sample(splits.train, int(getattr(model, "init_samples", 5000)))
+    init(BatchNormalizer(splits.info.mean, splits.info.std)(images))
 
 
 def _model_config(cfg: TrainConfig, splits: DataSplits) -> dict[str, Any]:

@@ -43,6 +43,7 @@ class _TrackerChoices(tuple):
 
 REPORT_TO = _TrackerChoices(("tensorboard", "csv", "none", "all"))
 MIXED_PRECISION = ("no", "fp16", "bf16")
+TTA = ("none", "flip")
 
 
 def _f(default: Any, help: str, **meta: Any) -> Any:
@@ -106,6 +107,12 @@ class TrainConfig:
     image_column: str | None = _f(None, "image column of an hf: dataset (default: detected)")
     label_column: str | None = _f(None, "label column of an hf: dataset (default: detected)")
     augment: bool | None = _f(None, "data augmentation (default: the dataset's own: crop+flip for cifar10)")
+    crop_padding: int | None = _f(
+        None, "random-crop padding in pixels when augmenting (default: the dataset's: 4 for cifar10, 2 for mnist)"
+    )
+    crop_padding_mode: str = _f(
+        "constant", "how the random crop pads: constant (zeros) or reflect", choices=("constant", "reflect")
+    )
     # optimisation
     epochs: int = _f(8, "number of epochs (ignored when --max-steps is set)")
     max_steps: int | None = _f(None, "stop after this many optimizer steps (overrides --epochs)")
@@ -124,9 +131,11 @@ class TrainConfig:
     lr: float = _f(2e-3, "peak learning rate")
     optimizer: str = _f("adam", "optimizer", choices=OPTIMIZERS)
     momentum: float = _f(0.9, "SGD momentum")
+    nesterov: bool = _f(False, "SGD with Nesterov momentum")
     weight_decay: float = _f(0.0, "weight decay")
     lr_schedule: str = _f("cosine", "LR schedule over optimizer steps", choices=SCHEDULES)
     warmup_steps: int = _f(0, "linear LR warm-up steps")
+    warmup_from: float = _f(0.0, "LR factor the warm-up starts from, in [0, 1) (airbench: 0.2)")
     lr_milestones: str = _f(
         "0.5,0.75", "--lr-schedule step: fractions of training where the LR is multiplied by --lr-gamma"
     )
@@ -154,6 +163,7 @@ class TrainConfig:
     # evaluation, logging, output
     eval_every: int = _f(0, "also evaluate every N optimizer steps (0: only at epoch ends)")
     eval_batch_size: int | None = _f(None, "evaluation batch per process (default: 2 x micro-batch)")
+    tta: str = _f("none", "test-time augmentation: flip averages each image's and its mirror's logits", choices=TTA)
     log_every: int = _f(10, "log train metrics every N optimizer steps (the only host syncs in the loop)")
     output_dir: str = _f("runs/default", "run directory")
     overwrite: bool = _f(False, "replace an existing run in --output-dir")
@@ -284,6 +294,8 @@ class TrainConfig:
     def _check_schedule(self) -> None:
         from accel_train.schedule import parse_milestones
 
+        if not 0.0 <= self.warmup_from < 1.0:
+            raise UserError(f"--warmup-from is the LR factor at the first step, in [0, 1), got {self.warmup_from}")
         if not (self.lr_gamma > 0 and math.isfinite(self.lr_gamma)):
             raise UserError(f"--lr-gamma must be a positive number, got {self.lr_gamma}")
         try:
@@ -293,13 +305,16 @@ class TrainConfig:
                 f"--lr-milestones {self.lr_milestones!r}: {exc}; e.g. '0.5,0.75' (x --lr-gamma at 50% and 75%)"
             ) from None
 
+    def _check_choices(self) -> None:
+        """Every field declared with ``choices`` holds one of them (argparse checks flags; this, files)."""
+        for f in fields(self):
+            value, choices = getattr(self, f.name), f.metadata.get("choices")
+            if choices is not None and value is not None and value not in choices:
+                raise UserError(f"--{_flag(f.name)} {value!r} is not one of: {', '.join(choices)}")
+
     def _check_choices_and_combinations(self) -> None:
         _check_report_to(self.report_to)
-        for name in ("optimizer", "lr_schedule", "mixed_precision"):
-            choices = _choices(name)
-            value = getattr(self, name)
-            if value is not None and value not in choices:
-                raise UserError(f"--{_flag(name)} {value!r} is not one of: {', '.join(choices)}")
+        self._check_choices()
         if isinstance(self.max_device_batch, int) and self.global_batch_size is None:
             raise UserError(
                 "--max-device-batch only applies with --global-batch-size G (auto works alone); set G or drop it"
@@ -322,6 +337,10 @@ class TrainConfig:
         for name in ("mixup", "cutmix", "early_stop_min_delta"):
             if getattr(self, name) < 0:
                 raise UserError(f"--{_flag(name)} must be >= 0 (0: off), got {getattr(self, name)}")
+        if self.crop_padding is not None and self.crop_padding < 0:
+            raise UserError(f"--crop-padding must be >= 0 pixels (or unset), got {self.crop_padding}")
+        if self.nesterov and (self.optimizer != "sgd" or self.momentum == 0):
+            raise UserError("--nesterov needs --optimizer sgd with --momentum > 0")
         if self.ema is not None and not 0.0 < self.ema < 1.0:
             raise UserError(f"--ema is the decay of the average, between 0 and 1 (e.g. 0.999), got {self.ema}")
 
@@ -360,10 +379,6 @@ def _exists(path: str) -> bool:
 
 def _flag(name: str) -> str:
     return name.replace("_", "-")
-
-
-def _choices(name: str) -> tuple[str, ...]:
-    return next(f.metadata["choices"] for f in fields(TrainConfig) if f.name == name)
 
 
 def int_or_auto(text: str) -> int | str:

@@ -61,6 +61,7 @@ def run_evaluation(
     mixed_precision: str | None = None,
     image_column: str | None = None,
     label_column: str | None = None,
+    tta: str = "none",
 ) -> dict[str, Any] | None:
     """Load ``weights`` (export dir, checkpoint dir or state-dict file), evaluate, write a JSON report.
 
@@ -99,7 +100,8 @@ def run_evaluation(
     loader = make_loader(splits.test, batch_size, shuffle=False, seed=0, pin_memory=acc.device.type == "cuda")
     model = rt.prepare_model(model)
     model, loader = acc.prepare(model, loader)
-    result = evaluate_model(acc, model, loader, BatchNormalizer(mean, std), metric, info.num_classes, True)
+    normalizer = BatchNormalizer(mean, std)
+    result = evaluate_model(acc, model, loader, normalizer, metric, info.num_classes, True, tta=tta)
     confusion = result.pop("confusion")
     per_class = (confusion.diag().double() / confusion.sum(1).clamp(min=1).double()).tolist()
     names = model_config.get("class_names") or info.class_names
@@ -114,6 +116,7 @@ def run_evaluation(
         "world_size": acc.num_processes,
         "distributed_type": acc.distributed_type.value,
         "mixed_precision": acc.mixed_precision,
+        "tta": tta,
     }
     if rt.is_main:
         if out:
@@ -128,9 +131,19 @@ def run_evaluation(
 
 
 def evaluate_model(
-    acc, model: nn.Module, loader, normalizer: BatchNormalizer, metric, num_classes: int, with_confusion: bool = False
+    acc,
+    model: nn.Module,
+    loader,
+    normalizer: BatchNormalizer,
+    metric,
+    num_classes: int,
+    with_confusion: bool = False,
+    tta: str = "none",
 ) -> dict[str, Any]:
-    """Exact evaluation: ``gather_for_metrics`` drops the samples padded for even sharding."""
+    """Exact evaluation: ``gather_for_metrics`` drops the samples padded for even sharding.
+
+    ``tta="flip"``: the logits are the mean of each image's and its left-right mirror's (airbench's TTA).
+    """
     was_training = model.training
     model.eval()
     loss_sum = torch.zeros((), dtype=torch.float64, device=acc.device)
@@ -138,7 +151,10 @@ def evaluate_model(
     with torch.no_grad():
         for images, labels in loader:
             with acc.autocast():
-                logits = model(normalizer(images))
+                x = normalizer(images)
+                logits = model(x)
+                if tta == "flip":
+                    logits = 0.5 * (logits + model(x.flip(-1)))
             losses = F.cross_entropy(logits.float(), labels, reduction="none")
             preds = logits.argmax(dim=1)
             preds, labels, losses = acc.gather_for_metrics((preds, labels, losses))

@@ -12,8 +12,9 @@ class StepTimer:
     """Host-side time split: waiting for data vs everything else (no device syncs)."""
 
     data_wait: float = 0.0
-    total: float = 0.0
+    total: float = 0.0  # after the first WARMUP_STEPS_EXCLUDED steps: the steady state's throughput
     samples: int = 0
+    train_s: float = 0.0  # every step since the run began (kept in checkpoints): eval events' train_time_s
 
     def fraction(self) -> float:
         return self.data_wait / self.total if self.total > 0 else 0.0

@@ -41,13 +41,16 @@ def lr_factor(
     warmup_steps: int = 0,
     milestones: Sequence[float] = DEFAULT_MILESTONES,
     gamma: float = DEFAULT_GAMMA,
+    warmup_from: float = 0.0,
 ) -> float:
     """Multiplier of the peak LR after ``step`` optimizer steps.
 
-    ``step``: multiplied by ``gamma`` at each of ``milestones`` (fractions of the steps after warm-up).
+    Warm-up rises linearly from ``warmup_from`` to 1 over ``warmup_steps`` (airbench's triangle: 0.2, then
+    ``linear`` down to 0). ``step``: multiplied by ``gamma`` at each of ``milestones`` (fractions of the
+    steps after warm-up).
     """
     if warmup_steps and step < warmup_steps:
-        return (step + 1) / warmup_steps
+        return warmup_from + (1.0 - warmup_from) * (step + 1) / warmup_steps
     if schedule == "constant":
         return 1.0
     span = max(1, total_steps - warmup_steps)
@@ -66,7 +69,7 @@ class ScheduleFn:
 
     ``LambdaLR.state_dict`` saves this object's ``__dict__`` (as JSON in checkpoints) and
     ``load_state_dict`` updates it: keep the attribute names. A checkpoint from before
-    ``milestones``/``gamma`` existed leaves the values this object was built with.
+    ``milestones``/``gamma``/``warmup_from`` existed leaves the values this object was built with.
     """
 
     def __init__(
@@ -76,9 +79,12 @@ class ScheduleFn:
         warmup_steps: int,
         milestones: Sequence[float] = DEFAULT_MILESTONES,
         gamma: float = DEFAULT_GAMMA,
+        warmup_from: float = 0.0,
     ):
         self.total_steps, self.schedule, self.warmup_steps = total_steps, schedule, warmup_steps
         self.milestones, self.gamma = [float(m) for m in milestones], float(gamma)  # a list: JSON round-trips it
+        self.warmup_from = float(warmup_from)
 
     def __call__(self, step: int) -> float:
-        return lr_factor(step, self.total_steps, self.schedule, self.warmup_steps, self.milestones, self.gamma)
+        args = (self.milestones, self.gamma, self.warmup_from)
+        return lr_factor(step, self.total_steps, self.schedule, self.warmup_steps, *args)

@@ -163,16 +163,19 @@ class Trainer:
 
     def _evaluate_in_training(self) -> str | None:
         """Evaluate and log; returns the early-stopping reason when this evaluation ends the run."""
+        self._wait_for_device()  # steps still queued on a GPU are training time, not evaluation time
         result = self.evaluate()
         self.log_eval(result)
         return self.features.observe_eval(result, self.state.global_step)
 
     def _wait_for_device(self) -> None:
         """Steps queued on a GPU since the last host sync belong in the throughput: wait for them."""
-        if self.acc.device.type == "cuda" and self.timer.samples and hasattr(self, "_t_prev"):
+        if self.acc.device.type == "cuda" and hasattr(self, "_t_prev"):
             torch.cuda.synchronize(self.acc.device)
             now = time.perf_counter()
-            self.timer.total += now - self._t_prev
+            if self.timer.samples:
+                self.timer.total += now - self._t_prev
+            self.timer.train_s += now - self._t_prev
             self._t_prev = now
 
     def _on_signal(self, signum, frame) -> None:
@@ -264,12 +267,15 @@ class Trainer:
             self._log_train()
         elif save_now:  # never checkpoint a NaN state: check (and keep) the open window first
             self.check_finite(self.window.reduce(self.acc)[0])
-        early = self._evaluate_in_training() if cfg.eval_every and state.global_step % cfg.eval_every == 0 else None
+        self._account(t_data, optimizer_step=True)  # evaluations and checkpoints are not training time
+        evaluate = bool(cfg.eval_every and state.global_step % cfg.eval_every == 0)
+        early = self._evaluate_in_training() if evaluate else None
         if early:  # the run ends here: check the open window as for any save
             self.check_finite(self.window.reduce(self.acc)[0])
         if save_now or early:
             self.checkpoint()
-        self._account(t_data, optimizer_step=True)
+        if evaluate or save_now:
+            self._t_prev = time.perf_counter()
         if reason or early:
             raise StopTraining(early or reason, final=bool(early))
 
@@ -293,6 +299,7 @@ class Trainer:
     def _account(self, t_data: float, optimizer_step: bool) -> None:
         """Host-side time split of the steady state: waiting for data vs everything else."""
         now = time.perf_counter()
+        self.timer.train_s += now - self._t_prev
         if self.state.global_step >= WARMUP_STEPS_EXCLUDED:
             self.timer.data_wait += t_data - self._t_prev
             self.timer.total += now - self._t_prev
@@ -331,14 +338,17 @@ class Trainer:
     def evaluate(self, with_confusion: bool = False) -> dict[str, Any]:
         """The model's eval metrics; with ``--ema`` also the average's, as ``eval_ema_accuracy``, ``eval_ema_loss``."""
         args = (self.eval_dl, self.normalizer, self.metric, self.info.num_classes)
-        result = evaluate_model(self.acc, self.model, *args, with_confusion)
+        tta = self.cfg.tta
+        result = evaluate_model(self.acc, self.model, *args, with_confusion, tta=tta)
         if self.features.ema is not None:
-            result.update(self.features.ema_results(evaluate_model(self.acc, self.features.ema.module, *args)))
+            ema = evaluate_model(self.acc, self.features.ema.module, *args, tta=tta)
+            result.update(self.features.ema_results(ema))
         return result
 
     def log_eval(self, result: dict[str, Any]) -> None:
         state = self.state
         values = {k: v for k, v in result.items() if k != "confusion"}
+        values["train_time_s"] = self.timer.train_s  # training only: no start-up, evaluations or checkpoints
         self.logger.log("eval", state.global_step, self._step_epoch(), values)
         self.last_eval_step = state.global_step
         if state.best_metric is None or result["eval_accuracy"] > state.best_metric:
@@ -351,6 +361,7 @@ class Trainer:
         if self.last_saved == position:  # e.g. --checkpoint-every fired on the step we stop at
             return
         state.extra["log_window"] = self.window.reduce(self.acc)
+        state.extra["train_time_s"] = self.timer.train_s
         state.extra.update(self.features.checkpoint_extra())  # EMA updates, early-stopping counter
         path = save_checkpoint(
             self.acc,
@@ -411,6 +422,7 @@ class Trainer:
             "threads_per_process": rt.threads,
             "wall_time_s": time.perf_counter() - t_launch,
             "setup_s": self.logger.started - t_launch,  # runtime, data and model before the first step
+            "train_time_s": self.timer.train_s,  # every step's time, without evaluations and checkpoints
             "train_samples_per_s": self.timer.samples / self.timer.total if self.timer.total > 0 else None,
             "data_wait_fraction": self.timer.fraction(),
             "peak_memory_mb": _peak_memory_mb(acc.device),

@@ -7,6 +7,10 @@ Workloads: CPU setups train MNIST-shaped 1x28x28 synthetic data at batch 16-32; 
 visible) train CIFAR-shaped 3x32x32 synthetic data with resnet18 at batch 512, each pinned to one GPU
 (CUDA_VISIBLE_DEVICES), with TF32 set alike for the GEMM peak and both loops. --workload picks one for all.
 
+CIFAR-10 time to 94% (--speedrun, on by default where a GPU is visible): airbench's recipe
+(configs/airbench_cifar10.yaml) through scripts/train.py, its training time beside airbench's published figures;
+python -m benchmarks.speedrun runs it alone.
+
 Writes OUT/benchmark.json, OUT/benchmark.md and OUT/benchmark.png (see benchmarks/bench.py).
 """
 
@@ -38,7 +42,8 @@ def main(argv=None):
     parser.add_argument(
         "--data-dir",
         default=None,
-        help="folder holding MNIST/raw/*-ubyte[.gz]: adds MNIST time to accuracy (full mode)",
+        help="folder holding MNIST/raw/*-ubyte[.gz] (adds MNIST time to accuracy, full mode) and "
+        "cifar-10-batches-py (the --speedrun data)",
     )
     parser.add_argument("--models", type=_csv, default=None, help="comma-separated subset of the models")
     parser.add_argument(
@@ -69,6 +74,14 @@ def main(argv=None):
         help="CUDA: strict fp32 (TF32 off for matmuls and convolutions) for the GEMM peak and both loops "
         "(default: TF32 on for both)",
     )
+    parser.add_argument(
+        "--speedrun",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="CIFAR-10 time to 94%% with airbench's recipe (configs/airbench_cifar10.yaml; real data from "
+        "--data-dir/cifar-10-batches-py, synthetic otherwise) beside airbench's published figures "
+        "(default: only where a GPU is visible)",
+    )
     parser.add_argument("--keep-runs", action="store_true", help="keep the children's run folders (debugging)")
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tests: lenet, cpu_fp32, few steps
     args = parser.parse_args(argv)
@@ -89,6 +102,7 @@ def main(argv=None):
         keep_runs=args.keep_runs,
         workload=args.workload,
         tf32=args.tf32,
+        speedrun=args.speedrun,
     )
     report = run_benchmark(opts)
     failed = [r for r in report["results"] if r.get("errors")]

@@ -416,7 +416,10 @@ EXPORT_CASES = [
     (
         "model-unknown",
         {"model": "vit"},
-        ["model must be one of lenet, mnist_cnn, resnet18, tv_resnet18, tv:NAME or package.module:callable, got 'vit'"],
+        [
+            "model must be one of airbench, lenet, mnist_cnn, resnet18, tv_resnet18, tv:NAME or "
+            "package.module:callable, got 'vit'"
+        ],
     ),
 ]
 

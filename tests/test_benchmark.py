@@ -39,7 +39,7 @@ RESULT_KEYS = {
 
 def test_smoke_run_writes_json_markdown_and_chart(tmp_path):
     out = tmp_path / "bench"
-    check(_benchmark("--smoke", "--out", str(out), timeout=300))
+    check(_benchmark("--smoke", "--speedrun", "--out", str(out), timeout=400))
     report = json.loads((out / "benchmark.json").read_text())
 
     machine = report["machine"]
@@ -66,9 +66,40 @@ def test_smoke_run_writes_json_markdown_and_chart(tmp_path):
     assert report["train_help_s"]["median_s"] > 0
     assert any(g["goal"].startswith("portable >=") for g in report["goals"])
 
+    speedrun = report["speedrun"]  # --speedrun --smoke: the airbench recipe, 6 steps on synthetic data
+    assert "error" not in speedrun, speedrun.get("error")
+    assert speedrun["data"].startswith("synthetic") and speedrun["steps"] == 6 and speedrun["device"] == "cpu"
+    assert speedrun["command"].startswith("python scripts/train.py --config configs/airbench_cifar10.yaml")
+    assert [e["step"] for e in speedrun["evals"]] == [6] and speedrun["train_time_s"] > 0
+    assert speedrun["evals"][-1]["train_time_s"] == pytest.approx(speedrun["train_time_s"])
+    [goal] = [g for g in report["goals"] if g["goal"].startswith("airbench recipe")]
+    assert goal["met"] is None and goal["value"] == speedrun["final_accuracy"]  # synthetic: not comparable
+
     md = (out / "benchmark.md").read_text()
     assert "| lenet | cpu_fp32 | 32 |" in md and "## Goals" in md
+    assert "## CIFAR-10 time to 94%" in md and "| airbench ablation main3_scalebias" in md
     assert (out / "benchmark.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_speedrun_goal_counts_only_on_cifar10():
+    result = {"data": "CIFAR-10", "final_accuracy": 0.9405, "steps": 648}
+    [goal] = bench._speedrun_goals(result)
+    assert goal["met"] is True and goal["threshold"] == 0.94 and "648 steps" in goal["goal"]
+    assert bench._speedrun_goals({**result, "final_accuracy": 0.931})[0]["met"] is False
+    assert bench._speedrun_goals({"skipped": "no GPU visible"}) == []
+    assert "Not run: no GPU visible" in "\n".join(bench.speedrun_markdown({"skipped": "no GPU visible"}))
+
+
+def test_scripts_benchmark_runs_the_harness_from_any_folder(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "benchmark.py"), "--help"],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0 and "--speedrun" in proc.stdout and "python -m benchmarks" in proc.stdout, proc.stderr
 
 
 def test_unknown_model_is_a_one_line_error(tmp_path):

@@ -27,7 +27,7 @@ from accel_train.loop import fit
 # lenet on digits (44 steps/epoch at batch 32): the whole run stays inside epoch 0
 COMMON = ["--max-steps", "30", "--no-checkpoint-epochs", "--log-every", "5", *FAST]
 BASE = [*COMMON, "--checkpoint-every", "10", "--keep-last", "5"]  # checkpoints at steps 10, 20, 30
-TIMING = ("samples_per_s", "time_s")
+TIMING = ("samples_per_s", "time_s", "train_time_s")
 CODE_REFUSED = "would need to run code"
 
 

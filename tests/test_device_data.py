@@ -106,31 +106,45 @@ def test_keyed_draws_never_touch_the_global_rng():
 
 
 # ---- batched crop + flip ---------------------------------------------------------------------------------------
-def _reference_crop_flip(images, idx, seed, epoch, size, padding, flip):
-    """Pad, slice and flip one sample at a time, with the parameters the batched version draws."""
+def _reference_crop_flip(images, idx, seed, epoch, size, padding, flip, mode="constant"):
+    """Pad (torch's F.pad), slice and flip one sample at a time, with the parameters the batched version draws."""
     import torch.nn.functional as F
 
     _, _, h, w = images.shape
     dy = keyed_randint(seed, epoch, idx, h + 2 * padding - size + 1, stream="crop_y")[:, 0].tolist()
     dx = keyed_randint(seed, epoch, idx, w + 2 * padding - size + 1, stream="crop_x")[:, 0].tolist()
     flips = keyed_bernoulli(seed, epoch, idx, 0.5, stream="hflip")[:, 0].tolist()
-    padded = F.pad(images, (padding,) * 4)
+    padded = F.pad(images.float(), (padding,) * 4, mode=mode).to(images.dtype)  # reflect pads floats only
     out = [p[:, y : y + size, x : x + size] for p, y, x in zip(padded, dy, dx, strict=True)]
     return torch.stack([o.flip(-1) if f and flip else o for o, f in zip(out, flips, strict=True)])
 
 
 @pytest.mark.parametrize(
-    "shape,size,padding,flip", [((32, 32), 32, 4, True), ((28, 28), 28, 2, False), ((9, 12), 8, 1, True)]
+    "shape,size,padding,flip,mode",
+    [
+        ((32, 32), 32, 4, True, "constant"),
+        ((28, 28), 28, 2, False, "constant"),
+        ((9, 12), 8, 1, True, "constant"),
+        ((32, 32), 32, 2, True, "reflect"),  # airbench's translate
+        ((9, 12), 8, 3, False, "reflect"),
+    ],
 )
-def test_crop_flip_matches_padding_slicing_and_flipping_per_sample(shape, size, padding, flip):
+def test_crop_flip_matches_padding_slicing_and_flipping_per_sample(shape, size, padding, flip, mode):
     from accel_train.data.augment import CropFlip
 
     images = torch.randint(0, 256, (64, 3, *shape), dtype=torch.uint8)
     idx = torch.randint(0, 10**6, (64,))
-    out = CropFlip(size, padding, flip)(images, idx, 5, 2)
+    out = CropFlip(size, padding, flip, mode)(images, idx, 5, 2)
     assert out.shape == (64, 3, size, size) and out.dtype == torch.uint8 and out.is_contiguous()
-    assert torch.equal(out, _reference_crop_flip(images, idx, 5, 2, size, padding, flip))
-    assert CropFlip(size, padding, flip)(images[:0], idx[:0], 5, 2).shape == (0, 3, size, size)
+    assert torch.equal(out, _reference_crop_flip(images, idx, 5, 2, size, padding, flip, mode))
+    assert CropFlip(size, padding, flip, mode)(images[:0], idx[:0], 5, 2).shape == (0, 3, size, size)
+
+
+def test_reflect_padding_wider_than_the_image_is_refused():
+    from accel_train.data.augment import CropFlip
+
+    with pytest.raises(ValueError, match="reflect padding 8"):
+        CropFlip(8, 8, mode="reflect")(torch.zeros(2, 1, 8, 8, dtype=torch.uint8), torch.arange(2), 0, 0)
 
 
 def test_in_memory_batches_depend_on_seed_epoch_and_index_only():

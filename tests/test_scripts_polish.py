@@ -227,18 +227,19 @@ def test_step_schedule_takes_milestones_and_gamma():
     assert [lr_factor(s, 100, "step") for s in (49, 50, 74, 75)] == pytest.approx([1, 0.1, 0.1, 0.01])
     assert [lr_factor(s, 100, "step", 0, [0.2], 0.5) for s in (19, 20, 99)] == pytest.approx([1, 0.5, 0.5])
     assert parse_milestones(" 0.3, 0.6 ,0.9") == (0.3, 0.6, 0.9)
-    # old checkpoints' schedule state (no milestones/gamma) loads and keeps the defaults
+    # old checkpoints' schedule state (no milestones/gamma/warmup_from) loads and keeps the defaults
     fn = ScheduleFn(100, "step", 0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), fn)
     state = json.loads(json.dumps(scheduler.state_dict()))
     assert state["lr_lambdas"][0] == {"total_steps": 100, "schedule": "step", "warmup_steps": 0, **_defaults()}
-    del state["lr_lambdas"][0]["milestones"], state["lr_lambdas"][0]["gamma"]
+    for key in ("milestones", "gamma", "warmup_from"):
+        del state["lr_lambdas"][0][key]
     scheduler.load_state_dict(state)
     assert fn(75) == pytest.approx(0.01)
 
 
 def _defaults() -> dict:
-    return {"milestones": [0.5, 0.75], "gamma": 0.1}
+    return {"milestones": [0.5, 0.75], "gamma": 0.1, "warmup_from": 0.0}
 
 
 @pytest.mark.parametrize(

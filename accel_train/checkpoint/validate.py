@@ -144,7 +144,7 @@ def check_progress(data: Any, where: str) -> dict:
 
 def _check_saved_config(check: _Checker, saved: dict) -> None:
     """The run's saved ``TrainConfig``: each known field of its type, then the ranges flags are held to."""
-    from accel_train.config import TrainConfig, _check_names, _choices, _field_type, is_parsed_text
+    from accel_train.config import TrainConfig, _check_names, _field_type, is_parsed_text
     from accel_train.errors import UserError
     from accel_train.tracking import tracker_names
 
@@ -166,9 +166,7 @@ def _check_saved_config(check: _Checker, saved: dict) -> None:
         cfg = TrainConfig(**known)
         cfg._check_ranges()
         tracker_names(cfg.report_to)  # known names; whether their packages are installed matters only to a run
-        for name in ("optimizer", "lr_schedule", "mixed_precision"):
-            if getattr(cfg, name) is not None and getattr(cfg, name) not in _choices(name):
-                raise UserError(f"--{name.replace('_', '-')} {getattr(cfg, name)!r} is not one of {_choices(name)}")
+        cfg._check_choices()
         _check_names(cfg.model, cfg.dataset)
     except UserError as exc:
         check.fail("config", f"is invalid ({exc})")

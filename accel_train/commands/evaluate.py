@@ -23,6 +23,9 @@ def main(argv=None):
     parser.add_argument("--label-column", help="label column of an hf: dataset (default: detected)")
     parser.add_argument("--mixed-precision", choices=("no", "fp16", "bf16"), help="override the accelerate config")
     parser.add_argument(
+        "--tta", choices=("none", "flip"), default="none", help="flip: average each image's and its mirror's logits"
+    )
+    parser.add_argument(
         "--allow-import", action="store_true", help="let the weights' config import the user code it names as model"
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -46,6 +49,7 @@ def main(argv=None):
             args.mixed_precision,
             image_column=args.image_column,
             label_column=args.label_column,
+            tta=args.tta,
         )
     if report is None:  # not the main process
         return 0

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from accel_train.errors import UserError
 from accel_train.keyed import keyed_bernoulli, keyed_bits, keyed_randint
 
 
@@ -33,22 +34,27 @@ class KeyedAugment:
 
 @dataclass(frozen=True)
 class CropFlip(KeyedAugment):
-    """``size`` x ``size`` random crop of the image zero-padded by ``padding`` on each side, then (``flip``) a
-    horizontal flip with probability 1/2: torchvision's ``RandomCrop(size, padding)`` + ``RandomHorizontalFlip``
+    """``size`` x ``size`` random crop of the image padded by ``padding`` on each side (``mode``: ``constant``,
+    zeros, or ``reflect``, mirrored without repeating the edge), then (``flip``) a horizontal flip with
+    probability 1/2: torchvision's ``RandomCrop(size, padding, padding_mode=mode)`` + ``RandomHorizontalFlip``
     in distribution, done for the whole batch by one gather (a few ops on the batch's device)."""
 
     size: int
     padding: int
     flip: bool = True
+    mode: str = "constant"
 
     def describe(self) -> str:
-        return f"random_crop({self.size}, padding={self.padding})" + ("+hflip" if self.flip else "")
+        mode = ", padding_mode=reflect" if self.mode == "reflect" else ""
+        return f"random_crop({self.size}, padding={self.padding}{mode})" + ("+hflip" if self.flip else "")
 
     def __call__(self, images: torch.Tensor, indices: torch.Tensor, seed: int, epoch: int) -> torch.Tensor:
         batch, channels, height, width = images.shape
         span_y, span_x = height + 2 * self.padding - self.size + 1, width + 2 * self.padding - self.size + 1
         if span_y < 1 or span_x < 1:
             raise ValueError(f"{height}x{width} images padded by {self.padding} are smaller than {self.size}")
+        if self.mode == "reflect" and self.padding >= min(height, width):
+            raise ValueError(f"reflect padding {self.padding} needs images larger than that, got {height}x{width}")
         if batch == 0:
             return images.new_empty((0, channels, self.size, self.size))
         grid = torch.arange(self.size, device=images.device) - self.padding
@@ -57,7 +63,10 @@ class CropFlip(KeyedAugment):
         cols = keyed_randint(seed, epoch, indices, span_x, stream="crop_x") + grid  # [B, size]
         if self.flip:
             cols = torch.where(keyed_bernoulli(seed, epoch, indices, 0.5, stream="hflip"), cols.flip(1), cols)
-        # the padding is one zero row and column appended to each image: every outside index points there
+        if self.mode == "reflect":  # mirror the outside indices back in: -1 -> 1, height -> height - 2
+            rows = torch.where(rows < 0, -rows, torch.where(rows >= height, 2 * (height - 1) - rows, rows))
+            cols = torch.where(cols < 0, -cols, torch.where(cols >= width, 2 * (width - 1) - cols, cols))
+        # the zero padding is one zero row and column appended to each image: every outside index points there
         rows = torch.where((rows >= 0) & (rows < height), rows, height)
         cols = torch.where((cols >= 0) & (cols < width), cols, width)
         framed = F.pad(images, (0, 1, 0, 1))
@@ -99,9 +108,16 @@ def as_keyed(transform: KeyedAugment | Callable[[torch.Tensor], torch.Tensor] | 
     return PerSampleAugment(transform)
 
 
-def crop_flip(size: int, padding: int, flip: bool) -> tuple[CropFlip, str]:
-    """The batched random crop (+ flip) and its description (recorded in the run's summary)."""
-    augment = CropFlip(size, padding, flip)
+def crop_flip(cfg, size: int, padding: int, flip: bool) -> tuple[CropFlip, str]:
+    """The batched random crop (+ flip) and its description (recorded in the run's summary).
+
+    ``padding`` is the dataset's default; ``cfg.crop_padding`` (a ``DataConfig``) overrides it, and
+    ``cfg.crop_padding_mode`` picks zeros or reflection.
+    """
+    padding = padding if cfg.crop_padding is None else cfg.crop_padding
+    if cfg.crop_padding_mode == "reflect" and padding >= size:
+        raise UserError(f"--crop-padding {padding} with reflect padding needs images larger than {padding} pixels")
+    augment = CropFlip(size, padding, flip, cfg.crop_padding_mode)
     return augment, augment.describe()
 
 

@@ -30,6 +30,8 @@ DATA_FIELDS = (
     "image_column",
     "label_column",
     "augment",
+    "crop_padding",
+    "crop_padding_mode",
     "synthetic_size",
     "synthetic_test_size",
     "synthetic_channels",

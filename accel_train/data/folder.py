@@ -240,7 +240,7 @@ def augment_for(cfg: DataConfig, size: int) -> tuple[CropFlip | None, str | None
     """Folder/hub datasets augment only on request (``cfg.augment is True``): random crop + flip."""
     if cfg.augment is not True:
         return None, None
-    return crop_flip(size, max(1, size // 8), flip=True)
+    return crop_flip(cfg, size, max(1, size // 8), flip=True)
 
 
 def unaugmented_sample(dataset: Dataset, k: int) -> torch.Tensor:

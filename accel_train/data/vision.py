@@ -236,7 +236,7 @@ def _build_idx(
     x_train, x_test = resize_uint8(x_train, size), resize_uint8(x_test, size)
     transform, augment = None, None
     if cfg.augment is True:
-        transform, augment = crop_flip(size, _scaled_padding(2, native, size), flip=False)
+        transform, augment = crop_flip(cfg, size, _scaled_padding(2, native, size), flip=False)
     info = DatasetInfo(
         name=name,
         num_classes=len(classes),
@@ -395,7 +395,7 @@ def build_cifar10(cfg: DataConfig, test_only: bool = False) -> DataSplits:
     x_train, x_test = resize_uint8(x_train, size), resize_uint8(x_test, size)
     transform, augment = None, None
     if cfg.augment is not False:
-        transform, augment = crop_flip(size, _scaled_padding(4, 32, size), flip=True)
+        transform, augment = crop_flip(cfg, size, _scaled_padding(4, 32, size), flip=True)
     class_names = _cifar_class_names(directory)
     info = DatasetInfo(
         name="cifar10",

@@ -2,7 +2,8 @@
 
 ``name`` is one of three things:
 
-* a registered name (``lenet``, ``mnist_cnn``, ``resnet18``, ``tv_resnet18``, or your ``register_model``);
+* a registered name (``lenet``, ``mnist_cnn``, ``resnet18``, ``tv_resnet18``, ``airbench``, or your
+  ``register_model``);
 * ``tv:NAME``: any torchvision classification model, random weights (:mod:`accel_train.models.tv`);
 * ``package.module:callable``: your own code, called as ``callable(num_classes=, in_channels=, image_size=)``
   (:mod:`accel_train.models.user`). Checking such a name never imports it; building the model does.
@@ -22,6 +23,7 @@ import torch.nn as nn
 from accel_train.errors import UserError
 from accel_train.limits import MAX_CHANNELS, MAX_CLASSES, MAX_IMAGE_SIZE, MAX_MODEL_PARAMS
 from accel_train.models import tv, user
+from accel_train.models.airbench import AirbenchNet
 from accel_train.models.lenet import LeNet
 from accel_train.models.mnist_cnn import MnistCNN
 from accel_train.models.resnet import ResNet18, tv_resnet18
@@ -33,6 +35,7 @@ _MODELS: dict[str, ModelBuilder] = {
     "lenet": LeNet,
     "resnet18": ResNet18,
     "tv_resnet18": tv_resnet18,
+    "airbench": AirbenchNet,
 }
 _SPEC_HELP = "tv:NAME (a torchvision classifier, e.g. tv:resnet50) or package.module:callable (your own code)"
 
