@@ -82,13 +82,26 @@ def main(argv=None):
         "--data-dir/cifar-10-batches-py, synthetic otherwise) beside airbench's published figures "
         "(default: only where a GPU is visible)",
     )
+    parser.add_argument(
+        "--readme",
+        type=Path,
+        default=None,
+        help="also rewrite the figures between the benchmark markers of this file (README.md)",
+    )
     parser.add_argument("--keep-runs", action="store_true", help="keep the children's run folders (debugging)")
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tests: lenet, cpu_fp32, few steps
     args = parser.parse_args(argv)
     if args.repeats is not None and args.repeats < 1:
         raise UserError(f"--repeats must be >= 1, got {args.repeats}")
 
-    from benchmarks.bench import BenchOptions, run_benchmark
+    import shlex
+
+    from benchmarks.bench import README_BEGIN, README_END, BenchOptions, run_benchmark
+
+    if args.readme is not None:  # before minutes of measuring, not after
+        text = args.readme.read_text() if args.readme.is_file() else ""
+        if README_BEGIN not in text or README_END not in text:
+            raise UserError(f"--readme {args.readme}: no '{README_BEGIN} ... {README_END}' block to rewrite")
 
     opts = BenchOptions(
         out=Path(args.out),
@@ -103,6 +116,8 @@ def main(argv=None):
         workload=args.workload,
         tf32=args.tf32,
         speedrun=args.speedrun,
+        command=shlex.join(["python", "scripts/benchmark.py", *(sys.argv[1:] if argv is None else argv)]),
+        readme=args.readme,
     )
     report = run_benchmark(opts)
     failed = [r for r in report["results"] if r.get("errors")]

@@ -205,6 +205,8 @@ class BenchOptions:
     workload: str = "auto"  # auto | mnist | cifar (see select_workload)
     tf32: bool = True  # TF32 for CUDA matmuls AND convolutions: GEMM peak, plain loop and portable loop alike
     speedrun: bool | None = None  # CIFAR-10 time to 94% (benchmarks.speedrun); None: where a GPU is visible
+    command: str = "python scripts/benchmark.py"  # how this run was started (in the report and the README block)
+    readme: Path | None = None  # write the figures into this README's benchmark block
     log: Callable[[str], None] = field(default=lambda msg: print(msg, file=sys.stderr, flush=True))
 
     @property
@@ -1910,6 +1912,7 @@ def run_benchmark(opts: BenchOptions) -> dict[str, Any]:
             "quick_subset": opts.mode == "quick" and not opts.models and not opts.setups,
             "data": data_description(opts, setups),
             "cuda_tf32": opts.tf32 if any(s.device == "cuda" for s in setups) else None,
+            "command": opts.command,
         },
         "results": results,
         "goals": evaluate_goals(results, t2a, help_timing, default_run, machine.get("cpu_bf16_kind", "unknown"))
@@ -1924,6 +1927,9 @@ def run_benchmark(opts: BenchOptions) -> dict[str, Any]:
     (out / "benchmark.json").write_text(json.dumps(report, indent=2))
     (out / "benchmark.md").write_text(render_markdown(report))
     write_chart(report, out / "benchmark.png")
+    if opts.readme is not None:
+        update_readme(opts.readme, report)
+        opts.log(f"bench: rewrote the benchmark block of {opts.readme}")
     opts.log(f"bench: wrote {out / 'benchmark.json'}, benchmark.md, benchmark.png in {report['total_wall_s']:.0f}s")
     return report
 
@@ -2163,8 +2169,26 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"benchmark's own threads count; {m['cores']} cores).",
         "",
     ]
+    lines += _results_table(report)
+    errors = [(r["model"], r["setup"], e) for r in report["results"] for e in r.get("errors", [])]
+    if errors:
+        lines += ["", "Errors:", ""] + [f"* {mo} / {se}: {e[:400]}" for mo, se, e in errors]
+    lines += ["", "Portable commands (OUT: a temporary run folder):", ""]
+    seen = set()
+    for r in report["results"]:
+        if r.get("command") and r["setup"] not in seen:
+            seen.add(r["setup"])
+            lines.append(f"* {r['setup']}: `{r['command']}`")
+    lines += ["", "## Goals (reported, not asserted)", "", *_goals_table(report)]
+    lines += _t2a_md(report.get("time_to_accuracy") or {})
+    lines += ["", *speedrun_markdown(report.get("speedrun") or {"skipped": "not in this report"})]
+    lines += _rest_of_report(report)
+    return "\n".join(lines) + "\n"
+
+
+def _results_table(report: dict[str, Any]) -> list[str]:
     gpu_mem = any(r.get("peak_memory_mb") or r.get("plain_peak_memory_mb") for r in report["results"])
-    lines += [
+    lines = [
         "| model | setup | batch | portable samples/s | plain samples/s | ratio | best win. | data wait | "
         "breakdown ms | GFLOP/s | MFU | peak RSS MB | load |" + (" peak GPU MB portable/plain |" if gpu_mem else ""),
         "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|" + ("---:|" if gpu_mem else ""),
@@ -2180,30 +2204,22 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"{_f(r['achieved_gflops'], '.1f')} | {_pct(r['mfu'])} | {_f(r['peak_rss_mb'], '.0f')} | "
             f"{_f(r.get('loadavg_1min'), '.1f')} |{mem}"
         )
-    errors = [(r["model"], r["setup"], e) for r in report["results"] for e in r.get("errors", [])]
-    if errors:
-        lines += ["", "Errors:", ""] + [f"* {mo} / {se}: {e[:400]}" for mo, se, e in errors]
-    lines += ["", "Portable commands (OUT: a temporary run folder):", ""]
-    seen = set()
-    for r in report["results"]:
-        if r.get("command") and r["setup"] not in seen:
-            seen.add(r["setup"])
-            lines.append(f"* {r['setup']}: `{r['command']}`")
-    lines += [
-        "",
-        "## Goals (reported, not asserted)",
-        "",
-        "| goal | measured | best windows | met |",
-        "|---|---:|---:|---|",
-    ]
+    return lines
+
+
+def _goals_table(report: dict[str, Any]) -> list[str]:
+    lines = ["| goal | measured | best windows | met |", "|---|---:|---:|---|"]
     for g in report["goals"]:
         lines.append(
             f"| {g['goal']} | {_f(g['value'], '.3f')} | {_f(g.get('value_best_window'), '.3f')} | {_met(g['met'])} |"
         )
-    lines += _t2a_md(report.get("time_to_accuracy") or {})
-    lines += ["", *speedrun_markdown(report.get("speedrun") or {"skipped": "not in this report"})]
+    return lines
+
+
+def _rest_of_report(report: dict[str, Any]) -> list[str]:
+    m = report["machine"]
     help_t = report.get("train_help_s", {})
-    lines += [
+    lines = [
         "",
         f"`python scripts/train.py --help`: {_f(help_t.get('median_s'), '.2f')} s (median of "
         f"{len(help_t.get('runs_s', []))}).",
@@ -2214,7 +2230,52 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += ["", "## 2 gloo processes on this CPU", ""] + ddp
     lines += ["", "## bf16 on this CPU", ""] + _bf16_findings(report) + _study_md(report.get("bf16_study", []))
     lines += ["", BF16_BACKGROUND.format(amx="yes" if m.get("amx_bf16") else "no", gemm_ratio=m["gemm_bf16_over_fp32"])]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+README_BEGIN = "<!-- benchmark:begin"
+README_END = "<!-- benchmark:end -->"
+
+
+def readme_block(report: dict[str, Any]) -> str:
+    """The README's benchmark figures, written from ``report`` (``--readme``): nobody copies numbers by hand."""
+    m, s = report["machine"], report["settings"]
+    kind = m.get("cpu_bf16_kind", "unknown")
+    lines = [
+        f"{README_BEGIN}: written by `{s.get('command', 'python scripts/benchmark.py')}`; rerun it, do not edit -->",
+        f"Latest run (`{s.get('command', 'python scripts/benchmark.py')}`, {report['total_wall_s']:.0f} s, "
+        f"{m['cores']}-core **{m['cpu']}, CPU kind `{kind}`** (AMX: {'yes' if m.get('amx_bf16') else 'no'}), "
+        f"torch {m['torch']}, accelerate {m['accelerate']}; the whole report, JSON and chart are in "
+        "[`docs/benchmark/`](docs/benchmark/benchmark.md)). *portable*: `scripts/train.py` launched as users launch "
+        "it; *plain*: a hand-written loop with the same model, in-memory data, batch and threads, measured right "
+        "before and after it. The breakdown is the plain loop's ms per step: data / forward+backward / optimizer / "
+        "gradient all-reduce.",
+        "",
+        *_results_table(report),
+        "",
+        *_goals_table(report),
+    ]
+    run = report.get("default_run")
+    if run and "error" not in run:
+        lines += [
+            "",
+            f"The default run (`{run['command']}`, median of {len(run['runs_s'])} in the same benchmark run), "
+            "from process start:",
+            "",
+            *_default_run_md(run)[-3:],
+        ]
+    return "\n".join([*lines, README_END])
+
+
+def update_readme(path: Path, report: dict[str, Any]) -> None:
+    """Replace the block between the benchmark markers of ``path`` with :func:`readme_block`."""
+    text = path.read_text()
+    begin, end = text.find(README_BEGIN), text.find(README_END)
+    if begin < 0 or end < begin:
+        from accel_train.errors import UserError
+
+        raise UserError(f"{path} has no '{README_BEGIN} ... {README_END}' block for --readme to replace")
+    path.write_text(text[:begin] + readme_block(report) + text[end + len(README_END) :])
 
 
 def _default_run_md(run: dict[str, Any] | None) -> list[str]:

@@ -249,6 +249,31 @@ def test_goals_and_report_from_fabricated_numbers(tmp_path):
     assert (tmp_path / "chart.png").read_bytes()[:8] == PNG_SIGNATURE
 
 
+def test_readme_block_is_rewritten_from_the_report(tmp_path):
+    report = _fabricated_report()
+    report["settings"]["command"] = "python scripts/benchmark.py --repeats 1 --readme README.md"
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# intro\n\n{bench.README_BEGIN} old -->\nold numbers\n{bench.README_END}\n\nprose after\n")
+    bench.update_readme(readme, report)
+    text = readme.read_text()
+    assert text.startswith("# intro\n\n") and text.endswith("\n\nprose after\n") and "old numbers" not in text
+    block = text[text.index(bench.README_BEGIN) : text.index(bench.README_END)]
+    assert "`python scripts/benchmark.py --repeats 1 --readme README.md`" in block
+    assert "CPU kind `" in block and "| model | setup | batch |" in block and "| goal | measured |" in block
+    assert all(f"| {r['model']} | {r['setup']} |" in block for r in report["results"])
+    bench.update_readme(readme, report)  # idempotent: the markers survive
+    assert readme.read_text() == text
+    readme.write_text("no markers\n")
+    with pytest.raises(Exception, match="no '<!-- benchmark:begin"):
+        bench.update_readme(readme, report)
+
+
+def test_readme_without_markers_is_refused_before_measuring(tmp_path):
+    (tmp_path / "R.md").write_text("# nothing to rewrite\n")
+    proc = _benchmark("--smoke", "--readme", str(tmp_path / "R.md"), "--out", str(tmp_path / "o"), timeout=60)
+    assert proc.returncode == 2 and "no '<!-- benchmark:begin" in proc.stderr and not (tmp_path / "o").exists()
+
+
 def test_display_command():
     wrapper = Path("/tmp/accel_bench_x/train_with_memory.py")
     cmd = bench.portable_command(bench.SETUPS[2], "lenet", 32, 10, Path("/tmp/accel_bench_x/run"), wrapper, "quick")
