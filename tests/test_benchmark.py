@@ -90,18 +90,6 @@ def test_speedrun_goal_counts_only_on_cifar10():
     assert "Not run: no GPU visible" in "\n".join(bench.speedrun_markdown({"skipped": "no GPU visible"}))
 
 
-def test_scripts_benchmark_runs_the_harness_from_any_folder(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "benchmark.py"), "--help"],
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0 and "--speedrun" in proc.stdout and "python -m benchmarks" in proc.stdout, proc.stderr
-
-
 def test_unknown_model_is_a_one_line_error(tmp_path):
     proc = _benchmark("--quick", "--models", "alexnet", "--out", str(tmp_path), timeout=120)
     assert proc.returncode == 2

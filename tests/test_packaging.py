@@ -71,14 +71,16 @@ def test_installed_console_script_and_script_run_from_anywhere(tmp_path):
         pytest.skip(f"console scripts are not in {bin_dir}")
     out = subprocess.run([str(console), "--help"], cwd=tmp_path, env=_clean_env(), capture_output=True, text=True)
     assert out.returncode == 0 and "--weights" in out.stdout, out.stderr
-    out = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "eval.py"), "--help"],
-        cwd=tmp_path,
-        env=_clean_env(),
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode == 0 and "--weights" in out.stdout, out.stderr
+    # benchmark.py runs the harness (benchmarks/, not installed) from any folder, without PYTHONPATH
+    for script, needle in (("eval.py", "--weights"), ("benchmark.py", "--speedrun")):
+        out = subprocess.run(
+            [sys.executable, str(REPO / "scripts" / script), "--help"],
+            cwd=tmp_path,
+            env=_clean_env(),
+            capture_output=True,
+            text=True,
+        )
+        assert out.returncode == 0 and needle in out.stdout, (script, out.stderr)
 
 
 def test_training_imports_no_harness():
