@@ -2,8 +2,9 @@
 
 Settings that are valid on their own but do nothing in a run this short: a warm-up longer than the run
 (the LR never reaches ``--lr``), ``--eval-every`` / ``--checkpoint-every`` beyond the last step (they never
-fire). Each is one ``warning:`` line; the run goes on. The dataset's own notes (e.g. how an image folder
-of mixed modes was converted) are printed here too, once, on the main process.
+fire); crop settings for a dataset that is not augmented. Each is one ``warning:`` line; the run goes on.
+The dataset's own notes (e.g. how an image folder of mixed modes was converted) are printed here too, once,
+on the main process.
 """
 
 from __future__ import annotations
@@ -38,5 +39,10 @@ def warn_about_run(cfg: Any, rt: Any, splits: Any, total_steps: int) -> None:
     """Print the run-length warnings (``rt.warn``) and the dataset's notes (``splits.extra['notes']``)."""
     for message in run_length_warnings(cfg, total_steps):
         rt.warn(message)
+    if (cfg.crop_padding is not None or cfg.crop_padding_mode != "constant") and not splits.extra.get("augment"):
+        rt.warn(
+            f"--crop-padding/--crop-padding-mode change the random crop, but {cfg.dataset} is not augmented in this "
+            "run; pass --augment (folders, hub datasets and mnist augment only when asked), or drop them"
+        )
     for note in splits.extra.get("notes", ()):
         rt.warn(note)

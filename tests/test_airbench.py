@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
-from tests.conftest import REPO, fit_here, metrics, run_here, summary
-from tests.datafiles import write_cifar10
+from conftest import REPO, SMALL_RUN, fit_here, metrics, run_here, summary
+from datafiles import write_cifar10
 
 RECIPE = REPO / "configs" / "airbench_cifar10.yaml"
 
@@ -162,3 +161,10 @@ def _evaluate(run: Path, data: Path, tta: str) -> Path:
     proc = run_here("eval.py", *args)
     assert proc.returncode == 0, proc.stderr
     return report
+
+
+def test_crop_settings_without_augmentation_are_a_warning(tmp_path):
+    args = ("--output-dir", str(tmp_path / "run"), "--max-steps", "2", "--crop-padding", "3")
+    proc = run_here("train.py", *SMALL_RUN, *args)
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: --crop-padding/--crop-padding-mode change the random crop, but synthetic is not" in proc.stderr
