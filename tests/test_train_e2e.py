@@ -82,7 +82,7 @@ def test_parity_one_process_vs_two_and_exact_eval(tmp_path):
 
 # Issue 14: parity for every built-in model (lenet: the test above). mnist_cnn's dropout masks are keyed on the
 # sample index, and its run has every training feature on (EMA, mixup, cutmix, label smoothing), so one pair of
-# runs checks them all; the two resnet18s need --sync-bn. SGD, not Adam: Adam's step lr * g / (|g| + eps) turns
+# runs checks them all; the two resnet18s and airbench need --sync-bn. SGD, not Adam: Adam's step lr * g / (|g| + eps) turns
 # the float32 rounding of near-zero gradients (summation order, thread count) into weight differences of ~1e-5
 # for mnist_cnn. The resnets at 8x8 end in 1x1 feature maps whose BatchNorm amplifies rounding: at --lr 2e-3,
 # even one process with 1 thread against 2 threads differs by 1e-3 after 20 steps; at 5e-5 both stay ~1e-7.
@@ -91,6 +91,8 @@ def test_parity_one_process_vs_two_and_exact_eval(tmp_path):
 PARITY = {
     "mnist_cnn": ["--lr", "0.05", "--ema", "0.9", "--mixup", "0.4", "--cutmix", "1.0", "--label-smoothing", "0.1"],
     "tv_resnet18": ["--lr", "5e-5", "--sync-bn"],
+    # whitening set from the same training images on both ranks; x64 LR for its BatchNorm biases
+    "airbench": ["--lr", "5e-5", "--sync-bn", "--image-size", "12", "--nesterov"],
 }
 
 
