@@ -109,7 +109,7 @@ def as_keyed(transform: KeyedAugment | Callable[[torch.Tensor], torch.Tensor] | 
 
 
 def crop_flip(cfg, size: int, padding: int, flip: bool) -> tuple[CropFlip, str]:
-    """The batched random crop (+ flip) and its description (recorded in the run's summary).
+    """The batched random crop (+ flip) and its description (recorded as ``resolved.augment`` in config.yaml).
 
     ``padding`` is the dataset's default; ``cfg.crop_padding`` (a ``DataConfig``) overrides it, and
     ``cfg.crop_padding_mode`` picks zeros or reflection.
