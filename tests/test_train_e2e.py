@@ -82,10 +82,11 @@ def test_parity_one_process_vs_two_and_exact_eval(tmp_path):
 
 # Issue 14: parity for every built-in model (lenet: the test above). mnist_cnn's dropout masks are keyed on the
 # sample index, and its run has every training feature on (EMA, mixup, cutmix, label smoothing), so one pair of
-# runs checks them all; the two resnet18s and airbench need --sync-bn. SGD, not Adam: Adam's step lr * g / (|g| + eps) turns
-# the float32 rounding of near-zero gradients (summation order, thread count) into weight differences of ~1e-5
-# for mnist_cnn. The resnets at 8x8 end in 1x1 feature maps whose BatchNorm amplifies rounding: at --lr 2e-3,
-# even one process with 1 thread against 2 threads differs by 1e-3 after 20 steps; at 5e-5 both stay ~1e-7.
+# runs checks them all; the two resnet18s and airbench need --sync-bn. SGD, not Adam: Adam's step
+# lr * g / (|g| + eps) turns the float32 rounding of near-zero gradients (summation order, thread count) into
+# weight differences of ~1e-5 for mnist_cnn. The resnets at 8x8 end in 1x1 feature maps whose BatchNorm
+# amplifies rounding: at --lr 2e-3, even one process with 1 thread against 2 threads differs by 1e-3 after 20
+# steps; at 5e-5 both stay ~1e-7.
 # resnet18's pair (the same arguments) is test_sync_bn.py's end-to-end runs, which also show the pair without
 # --sync-bn differing.
 PARITY = {
