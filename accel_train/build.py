@@ -18,7 +18,6 @@ from accel_train.checkpoint.state import (
     install_unwrapped_weight_hooks,
     load_checkpoint,
     read_progress,
-    resolve_resume,
 )
 from accel_train.config import TrainConfig, save_config
 from accel_train.data import build_dataset
@@ -52,13 +51,12 @@ def build_trainer(
 ) -> Trainer:
     """Everything a run needs, prepared for this setup; the run folder is created and locked last.
 
-    ``resume_path``: the checkpoint ``--resume`` resolved to (``loop.fit`` resolves it once, before the runtime;
-    resolved here when not given); ``resume_changes``: what this attempt changed in that run's config
+    ``resume_path``: the checkpoint ``--resume`` resolved to, None for a fresh run (``loop.fit`` resolves it
+    once, before the runtime); ``resume_changes``: what this attempt changed in that run's config
     (``resume.reconcile``).
     """
     acc = rt.accelerator
     check_model_name(cfg.model)  # before a possibly long dataset load
-    resume_path = resume_path or resolve_resume(cfg.resume, cfg.output_dir)
     if resume_path is not None:
         branch_if_older(cfg, rt, run_dir, resume_path, move=False)  # refuse early, move only once all loaded
     with acc.main_process_first():  # downloads and caches happen once

@@ -78,13 +78,15 @@ def test_data_parallel_without_autocast_stays_fp32(monkeypatch):
 # ---- 5. fp16 skip accounting, with a real GradScaler on CPU ------------------------------------------------------
 def _build(out: Path, *args: str, scaler: torch.amp.GradScaler | None = None):
     from accel_train.build import build_trainer
+    from accel_train.checkpoint.state import resolve_resume
     from accel_train.run_dir import RunDir
     from accel_train.runtime import build_runtime
 
     cfg = parse_config([*SMALL, "--output-dir", str(out), *args])
     rt = build_runtime(cfg)
     rt.accelerator.scaler = scaler  # what Accelerator(mixed_precision="fp16") sets up on CUDA
-    return build_trainer(cfg, rt, RunDir(cfg.output_dir))
+    resume_path = resolve_resume(cfg.resume, cfg.output_dir)  # as loop.fit resolves it, once
+    return build_trainer(cfg, rt, RunDir(cfg.output_dir), resume_path)
 
 
 def _fit(trainer) -> dict:
