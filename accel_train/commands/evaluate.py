@@ -9,6 +9,7 @@ for cifar10. Evaluation never downloads; ``train.py --download`` fetches the fil
 """
 
 from accel_train.cli import ArgumentParser, run_main  # light: no torch
+from accel_train.config import MIXED_PRECISION, TTA  # light too: the training flags' own choices
 
 
 def main(argv=None):
@@ -21,10 +22,8 @@ def main(argv=None):
     parser.add_argument("--confusion-png", help="also write a confusion-matrix PNG")
     parser.add_argument("--image-column", help="image column of an hf: dataset (default: detected)")
     parser.add_argument("--label-column", help="label column of an hf: dataset (default: detected)")
-    parser.add_argument("--mixed-precision", choices=("no", "fp16", "bf16"), help="override the accelerate config")
-    parser.add_argument(
-        "--tta", choices=("none", "flip"), default="none", help="flip: average each image's and its mirror's logits"
-    )
+    parser.add_argument("--mixed-precision", choices=MIXED_PRECISION, help="override the accelerate config")
+    parser.add_argument("--tta", choices=TTA, default="none", help="flip: average each image's and its mirror's logits")
     parser.add_argument(
         "--allow-import", action="store_true", help="let the weights' config import the user code it names as model"
     )
