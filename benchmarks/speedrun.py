@@ -27,7 +27,6 @@ from accel_train.launch import REPO
 
 RECIPE = REPO / "configs" / "airbench_cifar10.yaml"
 TARGET = 0.94
-CIFAR10_FILES = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch")
 # airbench's own figures, for the comparison (seconds of training on one GPU, mean accuracy over many runs)
 PUBLISHED = (
     {
@@ -52,8 +51,11 @@ SYNTHETIC_ARGS = ("--dataset", "synthetic", "--synthetic-channels", "3", "--synt
 
 
 def cifar10_available(data_dir: str | None) -> bool:
-    folder = Path(data_dir or "data").expanduser() / "cifar-10-batches-py"
-    return all((folder / name).is_file() for name in CIFAR10_FILES)
+    """The files ``--dataset cifar10`` reads (accel_train.data.vision's names) are all in ``data_dir``."""
+    from accel_train.data.vision import CIFAR10_DIR, CIFAR10_TEST_FILE, CIFAR10_TRAIN_FILES
+
+    folder = Path(data_dir or "data").expanduser() / CIFAR10_DIR
+    return all((folder / name).is_file() for name in (*CIFAR10_TRAIN_FILES, CIFAR10_TEST_FILE))
 
 
 def _command(data_dir: str | None, run_dir: Path, cuda: bool, smoke: bool) -> tuple[list[str], str]:
