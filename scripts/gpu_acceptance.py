@@ -79,6 +79,8 @@ DP_DDP_TOL = 1e-5  # the same fp32 math on two GPUs, only the gradient sum is sp
 FP16_MAX_SKIPPED = 0.1  # more overflowed steps than this share means the loss scale never settled
 GEMM_N, GEMM_TRIALS, GEMM_PER_TRIAL = 8192, 10, 5
 MIN_CHECK_S = 60  # a check is not started with less time than this left in the budget
+SPEEDRUN_STEPS = 648  # configs/airbench_cifar10.yaml's max_steps (13.5 epochs of 48 batches of 1024)
+SPEEDRUN_PUBLISHED_S = 5.5  # airbench's A100 seconds for that recipe (benchmarks/speedrun.py, PUBLISHED)
 
 
 class SetupError(Exception):
@@ -250,9 +252,11 @@ def speedrun_check(ctx: Context) -> Check:
     step = _train("bf16", ctx, "speedrun", *args, config="single_gpu.yaml")
     return Check(
         "speedrun",
-        "airbench's recipe, full length (648 steps of 1024), bf16, on synthetic CIFAR-shaped 50k/10k images",
-        "the run exits 0 on the GPU with 648 steps, a finite loss and the data on the device (training seconds, "
-        "samples/s and start-up are reported beside airbench's published 5.5 A100-seconds for the same FLOPs; "
+        f"airbench's recipe, full length ({SPEEDRUN_STEPS} steps of 1024), bf16, on synthetic CIFAR-shaped 50k/10k "
+        "images",
+        f"the run exits 0 on the GPU with {SPEEDRUN_STEPS} steps, a finite loss and the data on the device (training "
+        f"seconds, samples/s and start-up are reported beside airbench's published {SPEEDRUN_PUBLISHED_S} "
+        "A100-seconds for the same FLOPs; "
         "accuracy on synthetic data says nothing: python -m benchmarks.speedrun --data-dir DIR with CIFAR-10)",
         420,
         [step],
@@ -435,8 +439,8 @@ def _judge_speedrun(ctx, procs, check):
     s = _summary(step)
     resolved = yaml.safe_load((step.out_dir / "config.yaml").read_text()).get("resolved", {})
     problems = _throughput_problems("bf16", s)
-    if s.get("global_step") != 648:
-        problems.append(f"{s.get('global_step')} steps, expected 648")
+    if s.get("global_step") != SPEEDRUN_STEPS:
+        problems.append(f"{s.get('global_step')} steps, expected {SPEEDRUN_STEPS}")
     if not resolved.get("data_on_device"):
         problems.append("the dataset was not placed on the GPU (resolved.data_on_device is false)")
     metrics = {
@@ -446,11 +450,12 @@ def _judge_speedrun(ctx, procs, check):
         "samples_per_s": s.get("train_samples_per_s"),
         "peak_memory_mb": s.get("peak_memory_mb"),
         "channels_last": resolved.get("channels_last"),
-        "airbench_published_a100_train_s": 5.5,
+        "airbench_published_a100_train_s": SPEEDRUN_PUBLISHED_S,
     }
     detail = "; ".join(problems) or (
-        f"648 steps in {s['train_time_s']:.2f} s of training ({s['train_samples_per_s']:,.0f} samples/s), "
-        f"{s['setup_s']:.1f} s start-up; airbench publishes 5.5 s on an A100 for this recipe"
+        f"{SPEEDRUN_STEPS} steps in {s['train_time_s']:.2f} s of training ({s['train_samples_per_s']:,.0f} "
+        f"samples/s), {s['setup_s']:.1f} s start-up; airbench publishes {SPEEDRUN_PUBLISHED_S} s on an A100 for "
+        "this recipe"
     )
     return not problems, detail, metrics
 
