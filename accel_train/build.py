@@ -245,7 +245,8 @@ def _open_run_folder(
     """Create, lock and (with --overwrite) stage the folder, branch if asked, write config.yaml (collective)."""
     acc = rt.accelerator
     if rt.is_main:
-        for note in run_dir.prepare(overwrite=cfg.overwrite and cfg.resume == "none"):
+        replace = cfg.overwrite and cfg.resume == "none"
+        for note in run_dir.prepare(overwrite=replace, restart=resume_path is None and cfg.resume != "none"):
             rt.print(f"accel_train: {note}")
     acc.wait_for_everyone()  # locked from here on
     if resume_path is not None:

@@ -14,12 +14,13 @@ import errno
 import json
 import os
 import shutil
+import stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from accel_train.errors import UserError
 
@@ -32,6 +33,11 @@ _NO_ACCESS = (errno.EACCES, errno.EPERM, errno.EROFS)
 # How torch's stream writer and safetensors phrase the same failures.
 _FULL_TEXT = ("no space left", "storagefull", "code: 28", "file write failed", "quota exceeded")
 _ACCESS_TEXT = ("permission denied", "read-only file system", "code: 13", "code: 30")
+# torch's zip writer (torch.save: optimizer, RNG, scaler) loses the errno of a failed write and says only this,
+# seen on a real full tmpfs: "[enforce fail at inline_container.cc:…] unexpected pos N vs M", "basic_ios::clear:
+# iostream error", "PytorchStreamWriter failed writing file". Whether it means a full disk is read off the disk.
+_WRITER_TEXT = ("unexpected pos", "iostream error", "pytorchstreamwriter failed", "inline_container")
+_NEARLY_FULL = 1 << 20  # bytes: a disk with less free than this (or than the write needs) is full
 
 
 def human_bytes(n: float) -> str:
@@ -96,6 +102,14 @@ def disk_error(exc: BaseException, path: str | os.PathLike, what: str, needed: i
     )
 
 
+def _writer_failure(exc: BaseException, path: str | os.PathLike, needed: int | None) -> str | None:
+    """'full' or 'io' when ``exc`` is torch's stream writer failing (its text carries no errno), else None."""
+    if isinstance(exc, OSError) or not any(t in str(exc).lower() for t in _WRITER_TEXT):
+        return None
+    free = free_bytes(path)
+    return "full" if free is not None and free < max(_NEARLY_FULL, needed or 0) else "io"
+
+
 @contextmanager
 def writing(path: str | os.PathLike, what: str, needed: int | None = None) -> Iterator[None]:
     """Turn the disk's refusals inside the block into one :class:`UserError` line."""
@@ -104,9 +118,10 @@ def writing(path: str | os.PathLike, what: str, needed: int | None = None) -> It
     except UserError:
         raise
     except Exception as exc:
-        if disk_problem(exc) is not None:
+        writer = _writer_failure(exc, path, needed)
+        if disk_problem(exc) is not None or writer == "full":
             raise disk_error(exc, path, what, needed) from None
-        if isinstance(exc, OSError):  # any other refusal of the filesystem: still one line
+        if isinstance(exc, OSError) or writer == "io":  # any other refusal of the filesystem: still one line
             raise UserError(f"cannot write {what} {path}: {' '.join(str(exc).split())[:160]}") from None
         raise
 
@@ -162,6 +177,15 @@ def write_json_atomic(path: str | os.PathLike, data: Any, what: str = "file") ->
 
 
 def append_line(path: str | os.PathLike, line: str, what: str = "file") -> None:
-    """Append one text line whole (the orphan watch never cuts it in half)."""
-    with writing(path, what), WRITE_GUARD, open(path, "a") as fh:
+    """Append one text line whole (the orphan watch never cuts it in half), only ever to a regular file: the
+    open never blocks (a FIFO would block it forever), and anything else is one line."""
+    with writing(path, what), WRITE_GUARD, _open_append(path, what) as fh:
         fh.write(line + "\n")
+
+
+def _open_append(path: str | os.PathLike, what: str) -> IO[str]:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UserError(f"cannot write {what} {path}: it is not a regular file; remove it")
+    return os.fdopen(fd, "a")

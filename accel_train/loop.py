@@ -36,9 +36,19 @@ def fit(cfg: TrainConfig, *, model: nn.Module | None = None, splits: DataSplits 
     """
     t_launch = time.perf_counter()
     run_dir = RunDir(cfg.output_dir)
-    run_dir.check(cfg.resume, cfg.overwrite)  # before anything is loaded or written
-    if os.environ.get("RANK", "0") == "0":
-        run_dir.refuse_if_locked()  # a second writer is refused before it reads or loads anything
+    main = os.environ.get("RANK", "0") == "0"
+    try:
+        if main:  # a replacement a killed run left half-done is finished or undone first, under the lock
+            for note in run_dir.recover_if_interrupted():
+                print(f"accel_train: {note}", flush=True)
+            run_dir.refuse_if_locked()  # a second writer is refused before it reads or loads anything
+        run_dir.check(cfg.resume, cfg.overwrite)  # before anything is loaded or written
+        return _fit(cfg, run_dir, t_launch, model, splits)
+    finally:
+        run_dir.lock.release()
+
+
+def _fit(cfg: TrainConfig, run_dir: RunDir, t_launch: float, model, splits) -> dict[str, Any]:
     # resolved once (--resume auto scans the checkpoints): the config is restored before the runtime (precision,
     # threads, compile), the checkpoint loaded by build_trainer
     resume_path, changes, finished = _restore_resumed_config(cfg, run_dir)
@@ -56,7 +66,7 @@ def fit(cfg: TrainConfig, *, model: nn.Module | None = None, splits: DataSplits 
     try:
         return build_trainer(cfg, rt, run_dir, resume_path, changes, model=model, splits=splits).fit(t_launch)
     except BaseException:
-        if rt.is_main and run_dir.restore_replaced():
+        if rt.is_main and run_dir.restore_replaced():  # only the lock's holder that staged the run
             print(
                 f"accel_train: this run failed before saving a checkpoint; the previous run in {run_dir.path} "
                 "is restored",
@@ -64,8 +74,6 @@ def fit(cfg: TrainConfig, *, model: nn.Module | None = None, splits: DataSplits 
                 flush=True,
             )
         raise
-    finally:
-        run_dir.lock.release()
 
 
 def _restore_resumed_config(cfg: TrainConfig, run_dir: RunDir) -> tuple[Path | None, dict[str, Any], str | None]:

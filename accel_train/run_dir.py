@@ -7,13 +7,24 @@
 * **refusals** before anything is loaded: filesystem roots and the home folder,
   a folder holding another run (without ``--resume``/``--overwrite``), a folder that
   is not a run but holds files a run would overwrite (a user's own ``model/``);
-* **a lock** (``.lock``, ``flock`` plus the holder's PID and host), held by the main
+* **a lock** (``.lock``, ``run_lock.py``: ``flock`` plus the holder's PID and host), held by the main
   process for the life of the run, so two runs never write into one folder;
-* **overwrite that can be undone**: the previous run is moved into ``.replaced/``
-  and deleted only once the new run has saved its first checkpoint or finished;
-  if the new run fails before that, the previous run is put back;
-* **branching**: resuming from an older checkpoint moves the newer checkpoints
-  (and their metrics) of the abandoned timeline to ``abandoned/``.
+* **replacing a run is a transaction** (``--overwrite``): the previous run is moved
+  into ``.replaced/`` (staged through ``.replacing/``, so a kill half-way is undone)
+  and deleted only once the new run has saved its first checkpoint or finished
+  (through ``.replaced-discard/``); if the new run fails before that, the previous
+  run is put back (through ``.restoring/``). Every step is one rename or can be
+  finished after a kill: the next run in the folder, holding the lock, completes or
+  undoes what a killed one left (:meth:`RunDir.recover`). Only the lock's holder that
+  staged a run ever restores it: a run refused by the lock touches nothing;
+* **branching**: resuming from an older checkpoint moves the newer checkpoints, and
+  everything else that describes the abandoned timeline (metrics after the branch
+  point, summary, exports, confusion matrix, plots, TensorBoard), to ``abandoned/``;
+* **restarts**: a run that starts over in a folder whose earlier attempt saved no
+  checkpoint (``--resume auto``) moves that attempt's records to ``abandoned/`` too,
+  so no step is ever logged twice;
+* **only regular files** where a run reads or appends: a FIFO or device in the
+  folder is refused before anything is opened (it would block the run forever).
 """
 
 from __future__ import annotations
@@ -21,18 +32,23 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
+import stat
 import time
 from pathlib import Path
-from typing import Any
 
 from accel_train.checkpoint.state import CHECKPOINT_DIR, list_checkpoints
 from accel_train.errors import UserError
 from accel_train.fsio import WRITE_GUARD, writing
+from accel_train.run_lock import LOCK, RunLock, pid_alive
+
+__all__ = ["LOCK", "MARKER", "OUTPUTS", "RunDir", "RunLock", "pid_alive"]
 
 MARKER = ".accel_train_run"
-LOCK = ".lock"
-REPLACED = ".replaced"
+REPLACED = ".replaced"  # the previous run, while its --overwrite has not saved a checkpoint
+STAGING = ".replacing"  # the previous run on its way into .replaced/ (a kill here is undone)
+DISCARD = ".replaced-discard"  # the previous run on its way out, once the new one saved a checkpoint
+RESTORING = ".restoring"  # the failed new run being removed, before the previous run moves back
+RETURNING = ".returning"  # the previous run moving back from .replaced/
 ABANDONED = "abandoned"
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
@@ -66,17 +82,10 @@ OUTPUTS = (
     ABANDONED,
 )
 _LEGACY_EVENTS = "events.out.tfevents.*"
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (on this host)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
+#: What describes one timeline beyond its checkpoints: moved aside by --branch and by a restart.
+TIMELINE = (SUMMARY, METRICS_CSV, MODEL, MODEL_EMA, CURVES, CONFUSION_JSON, CONFUSION_PNG, TENSORBOARD)
+#: Outputs that are folders; every other name in OUTPUTS (and the lock) must be a regular file.
+_FOLDERS = {CHECKPOINT_DIR, MODEL, MODEL_EMA, BEST, TENSORBOARD, ABANDONED, *TRACKER_FOLDERS}
 
 
 def _logged_after(line: str, step: int) -> bool:
@@ -86,83 +95,33 @@ def _logged_after(line: str, step: int) -> bool:
         return False
 
 
-class RunLock:
-    """An exclusive lock on a run folder for the life of this process.
+def _kind_problem(path: Path, folder: bool) -> str | None:
+    """Why ``path`` (present) cannot be one of a run's files or folders, or None."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc}: a broken or looping link?)"
+    if folder and not stat.S_ISDIR(mode):
+        return "is not a folder"
+    if not folder and not stat.S_ISREG(mode):
+        kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
+        return f"is {next((name for test, name in kinds if test(mode)), 'a device or special file')}, not a file"
+    return None
 
-    ``flock`` releases itself when the holder dies, however it dies; where the
-    filesystem has no ``flock`` the recorded PID and host decide whether a lock
-    is stale (a dead PID on this host is).
-    """
 
-    def __init__(self, folder: Path):
-        self.path = folder / LOCK
-        self.fd: int | None = None
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
 
-    def holder(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self.path.read_text() or "{}")
-            return data if isinstance(data, dict) else {}
-        except (OSError, ValueError):
-            return {}
 
-    def _busy(self, info: dict[str, Any]) -> UserError:
-        who = f"pid {info.get('pid', '?')} on {info.get('host', '?')}, started {info.get('started', '?')}"
-        return UserError(
-            f"--output-dir {self.path.parent} is in use by another run ({who}); wait for it to finish or stop it, "
-            f"or choose another --output-dir (if that run is gone, delete {self.path})"
-        )
-
-    def check_free(self) -> None:
-        """Refuse now if another live run holds the lock; takes nothing and changes no file."""
-        import fcntl
-
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except OSError:
-            return  # no lock file (or unreadable): nothing to check yet; acquire() decides
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        except BlockingIOError:
-            raise self._busy(self.holder()) from None
-        except OSError:
-            self._judge_by_pid(self.holder())
-        finally:
-            os.close(fd)
-
-    def _judge_by_pid(self, info: dict[str, Any]) -> None:
-        """No flock on this filesystem: a recorded live PID on this host, or any other host's, holds it."""
-        mine = info.get("host") == socket.gethostname()
-        pid = info.get("pid")
-        if isinstance(pid, int) and pid > 0 and (not mine or pid_alive(pid)):
-            raise self._busy(info)
-
-    def acquire(self) -> None:
-        import fcntl
-
-        info = self.holder()
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise self._busy(info) from None
-        except OSError:
-            try:
-                self._judge_by_pid(info)
-            except UserError:
-                os.close(fd)
-                raise
-        record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(record).encode(), 0)
-        self.fd = fd
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.ftruncate(self.fd, 0)  # the file stays: unlinking a flock file lets two later runs both "hold" it
-            os.close(self.fd)
-            self.fd = None
+def _move_all(src: Path, dest: Path) -> None:
+    """Move every entry of ``src`` into ``dest`` (an entry there of the same name gives way), then drop ``src``."""
+    for entry in list(src.iterdir()):
+        _remove(dest / entry.name)
+        os.replace(entry, dest / entry.name)
+    src.rmdir()
 
 
 class RunDir:
@@ -171,121 +130,267 @@ class RunDir:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.lock = RunLock(self.path)
+        self.staged = False  # this process holds the previous run in .replaced/ and may put it back
 
     def __truediv__(self, name: str) -> Path:
         return self.path / name
 
     # ---- what is there -------------------------------------------------------------------------------------
     def outputs_present(self) -> list[str]:
-        names = [n for n in OUTPUTS if (self.path / n).exists()]
+        names = [n for n in OUTPUTS if os.path.lexists(self.path / n)]
         return names + sorted(p.name for p in self.path.glob(_LEGACY_EVENTS))
 
     def holds_run(self) -> bool:
-        """Written by accel_train: our marker, a checkpoint with progress, or our metrics log."""
-        if (self.path / MARKER).exists() or list_checkpoints(self.path):
+        """Written by accel_train: our marker, a checkpoint with progress, a staged run, or our metrics log."""
+        if (self.path / MARKER).exists() or (self.path / REPLACED).is_dir() or list_checkpoints(self.path):
             return True
+        metrics = self.path / METRICS
+        if _kind_problem(metrics, folder=False) is not None:
+            return False  # absent, or not a regular file: never opened (a FIFO would block here)
         try:
-            with open(self.path / METRICS) as fh:
+            with open(metrics) as fh:
                 return "event" in json.loads(fh.readline())
         except (OSError, ValueError, TypeError):
             return False
+
+    def interrupted_replace(self) -> bool:
+        """An --overwrite was stopped before its first checkpoint: the run it replaces waits in .replaced/."""
+        return (self.path / REPLACED).is_dir() and not list_checkpoints(self.path)
+
+    def _journal(self) -> list[str]:
+        return [n for n in (STAGING, RESTORING, RETURNING, DISCARD) if os.path.lexists(self.path / n)]
 
     # ---- before anything is loaded -------------------------------------------------------------------------
     def check(self, resume: str, overwrite: bool) -> None:
         """Refuse an unusable --output-dir (no side effects)."""
         out = self.path
         absolute = out.expanduser().absolute()
-        real = absolute.resolve()
+        try:
+            real = absolute.resolve()
+        except (OSError, RuntimeError) as exc:  # Python < 3.13 raises RuntimeError for a symlink loop
+            raise UserError(
+                f"--output-dir {out} cannot be resolved ({' '.join(str(exc).split())[:120]}): a symbolic link loop? "
+                "remove the link or choose another folder"
+            ) from None
         if real == Path(real.anchor) or real == Path.home().resolve():
             what = "a filesystem root" if real == Path(real.anchor) else "your home folder"
             raise UserError(
                 f"--output-dir {out} is {what}; a run writes and replaces files there: choose a folder for this "
                 "run, e.g. runs/NAME"
             )
+        if os.path.lexists(out) and not out.is_dir():
+            raise UserError(f"--output-dir {out} is not a folder ({_kind_problem(out, True)}); choose another folder")
         present = self.outputs_present() if out.is_dir() else []
+        self._check_kinds(present)
         shown = ", ".join([n for n in present if n != MARKER][:4]) or MARKER
         if present and not self.holds_run():
             raise UserError(
                 f"--output-dir {out} is not an accel_train run but holds {shown}, which a run would overwrite; "
                 "choose a new or empty folder"
             )
+        replacing = overwrite and resume == "none"
+        if out.is_dir() and self.interrupted_replace() and not replacing:
+            raise UserError(
+                f"--output-dir {out}: an --overwrite of this folder was stopped before its first checkpoint, and the "
+                f"run it replaces is kept in {out / REPLACED}; pass --overwrite to replace that run again (it is "
+                f"kept until the new run saves a checkpoint), or move the contents of {out / REPLACED} back into "
+                f"{out} to keep it"
+            )
         if present and resume == "none" and not overwrite:
             raise UserError(
                 f"--output-dir {out} already holds a run ({shown}); pass --resume auto to continue it, --overwrite "
                 "to replace it, or choose another --output-dir"
             )
+        self._check_writable(absolute)
+
+    def _check_kinds(self, present: list[str]) -> None:
+        """Every file a run reads or appends to is a regular file: a FIFO or a device would block it forever."""
+        names = [*present, *(n for n in (LOCK, REPLACED) if os.path.lexists(self.path / n))]
+        for name in names:
+            problem = _kind_problem(self.path / name, folder=name in _FOLDERS or name == REPLACED)
+            if problem:
+                raise UserError(
+                    f"--output-dir {self.path}: {self.path / name} {problem}; a run reads and writes it, so remove "
+                    "or rename it, or choose another --output-dir"
+                )
+
+    def _check_writable(self, absolute: Path) -> None:
         parent = next(p for p in (absolute, *absolute.parents) if p.exists())
         if not parent.is_dir():
             what = "is a file" if parent == absolute else f"is inside {parent}, which is a file"
-            raise UserError(f"--output-dir {out} is not writable (it {what}); choose another folder")
+            raise UserError(f"--output-dir {self.path} is not writable (it {what}); choose another folder")
         if not os.access(parent, os.W_OK | os.X_OK):
-            raise UserError(f"--output-dir {out} is not writable (no permission on {parent}); choose another folder")
+            raise UserError(
+                f"--output-dir {self.path} is not writable (no permission on {parent}); choose another folder"
+            )
 
     def refuse_if_locked(self) -> None:
         """A second writer is refused before it loads anything (the lock itself is taken in :meth:`prepare`)."""
-        self.lock.check_free()
+        if self.lock.fd is None:  # else this run already holds it (taken to recover)
+            self.lock.check_free()
+
+    def recover_if_interrupted(self) -> list[str]:
+        """Main process, before the folder is judged: a replacement a killed run left half-done is finished or
+        undone now, under the lock (kept for the run). Returns notes to print; nothing to do takes no lock."""
+        committed = (self / REPLACED).is_dir() and list_checkpoints(self.path)
+        if not self.path.is_dir() or not (self._journal() or committed):
+            return []
+        if self.lock.fd is None:
+            self.lock.acquire()
+        return self.recover()
+
+    def recover(self) -> list[str]:
+        """Finish or undo each half-done step of a replacement (lock held). See the module docstring."""
+        p, notes = self.path, []
+        with writing(p, "the run folder"), WRITE_GUARD:
+            if (p / STAGING).is_dir():  # moving the previous run aside was cut: it goes back
+                _move_all(p / STAGING, p)
+                notes.append(f"an interrupted --overwrite had begun to move the run in {p} aside; it is back")
+            if (p / RESTORING).is_dir():  # putting the previous run back was cut while the failed run was removed
+                self._remove_outputs()
+                os.replace(p / RESTORING, p / RETURNING)
+            if (p / RETURNING).is_dir():  # ... or while the previous run was moving back
+                _move_all(p / RETURNING, p)
+                notes.append(f"an interrupted restore of the run in {p} is finished: the previous run is back")
+            if (p / REPLACED).is_dir() and list_checkpoints(p):  # the replacement saved a checkpoint: it stays
+                os.replace(p / REPLACED, p / DISCARD)
+            if os.path.lexists(p / DISCARD):
+                shutil.rmtree(p / DISCARD, ignore_errors=True)
+        return notes
 
     # ---- once every input is loaded ------------------------------------------------------------------------
-    def prepare(self, overwrite: bool) -> list[str]:
-        """Create the folder, lock it, stage a run being overwritten; returns notes to print (main process)."""
+    def prepare(self, overwrite: bool, restart: bool = False) -> list[str]:
+        """Create the folder, lock it, stage a run being overwritten; returns notes to print (main process).
+
+        ``restart``: a run starting over (``--resume auto`` found no checkpoint) in a folder that holds an earlier
+        attempt: that attempt's records move to ``abandoned/`` so no step is logged twice.
+        """
         notes = []
         with writing(self.path, "the run folder"):
             self.path.mkdir(parents=True, exist_ok=True)
             if self.lock.fd is None:
                 self.lock.acquire()
-            if (self.path / REPLACED).exists():
-                if overwrite:
-                    shutil.rmtree(self.path / REPLACED)
-                else:
-                    notes.append(
-                        f"{self.path / REPLACED} holds a run that an interrupted --overwrite was replacing; move "
-                        "its contents back to restore it, or delete it"
-                    )
-            present = self.outputs_present()
-            if overwrite and present:
-                staged = self.path / REPLACED
-                staged.mkdir()
-                for name in present:
-                    os.replace(self.path / name, staged / name)
+            notes += self.recover()  # a killed run may have left a step half-done since check() looked
+            if self.interrupted_replace():
+                if not overwrite:  # check() refused this; the folder changed since
+                    raise UserError(f"{self.path / REPLACED} holds a run that an interrupted --overwrite replaces")
+                self._remove_outputs()  # the interrupted attempt saved nothing; the run it replaces stays staged
+                self.staged = True
                 notes.append(
-                    f"--overwrite: the previous run is kept in {staged} until this one saves its first checkpoint"
+                    f"--overwrite: an earlier --overwrite was stopped before its first checkpoint; the run it "
+                    f"replaces stays in {self.path / REPLACED} until this one saves its first checkpoint"
+                )
+            elif overwrite and self.outputs_present():
+                self._stage()
+                notes.append(
+                    f"--overwrite: the previous run is kept in {self.path / REPLACED} until this one saves its "
+                    "first checkpoint"
+                )
+            elif restart and self._set_aside(self.path / METRICS, "restart", extra=(BEST, CONFIG, *TRACKER_FOLDERS)):
+                notes.append(
+                    f"no checkpoint to resume from in {self.path}: starting over; the earlier attempt's records "
+                    f"are in {self.path / ABANDONED}/"
                 )
             (self.path / MARKER).write_text(json.dumps({"accel_train_run": 1}) + "\n")
         return notes
 
+    def _stage(self) -> None:
+        staging = self.path / STAGING
+        staging.mkdir()
+        for name in self.outputs_present():
+            os.replace(self.path / name, staging / name)
+        os.replace(staging, self.path / REPLACED)  # one rename: the previous run is staged, whole
+        self.staged = True
+
+    def _remove_outputs(self) -> None:
+        for name in self.outputs_present():
+            _remove(self.path / name)
+
     def commit_replace(self) -> None:
         """The new run has something worth keeping: forget the run it replaced."""
-        shutil.rmtree(self.path / REPLACED, ignore_errors=True)
+        if not self.staged:
+            return
+        with WRITE_GUARD:
+            if (self.path / REPLACED).is_dir():
+                os.replace(self.path / REPLACED, self.path / DISCARD)  # one rename: committed
+            self.staged = False
+        shutil.rmtree(self.path / DISCARD, ignore_errors=True)
 
     def restore_replaced(self) -> bool:
-        """The new run failed before saving anything: put the previous run back. True if one was restored."""
+        """The new run failed before saving anything: put the previous run back. True if one was restored.
+
+        Only the process that staged it (and holds the lock) restores: a run refused by the lock touches nothing.
+        """
         staged = self.path / REPLACED
-        if not staged.is_dir():
+        if not self.staged or self.lock.fd is None or not staged.is_dir():
             return False
         with WRITE_GUARD:
-            for name in self.outputs_present():
-                target = self.path / name
-                shutil.rmtree(target) if target.is_dir() else target.unlink()
-            for entry in staged.iterdir():
-                os.replace(entry, self.path / entry.name)
-            staged.rmdir()
+            os.replace(staged, self.path / RESTORING)
+            self._remove_outputs()
+            os.replace(self.path / RESTORING, self.path / RETURNING)
+            _move_all(self.path / RETURNING, self.path)
+            self.staged = False
         return True
 
+    # ---- branches and restarts -----------------------------------------------------------------------------
+    def _set_aside(self, log: Path, why: str, extra: tuple[str, ...] = (), keep_log: str | None = None) -> Path | None:
+        """Move what describes an abandoned timeline (``TIMELINE`` + ``extra``) and its metrics log into
+        ``abandoned/<time>-<why>/``; ``keep_log``: the lines the kept timeline keeps (else the log moves).
+        Returns the folder, or None when there was nothing to move and nothing is kept."""
+        names = [n for n in (*TIMELINE, *extra) if os.path.lexists(self.path / n)]
+        if not names and not log.is_file() and keep_log is None:
+            return None
+        dest = self.path / ABANDONED / f"{time.strftime('%Y%m%d-%H%M%S')}-{why}"
+        while dest.exists():
+            dest = dest.with_name(dest.name + "+")
+        dest.mkdir(parents=True)
+        for name in names:
+            os.replace(self.path / name, dest / name)
+        if log.is_file() and keep_log is None:
+            os.replace(log, dest / METRICS)
+        elif log.is_file():
+            shutil.copy2(log, dest / METRICS)  # the abandoned timeline's full log
+            from accel_train.fsio import atomic_write
+
+            atomic_write(log, lambda tmp: Path(tmp).write_text(keep_log), "the metrics log")
+        return dest
+
     def abandon_after(self, step: int, keep: Path) -> Path | None:
-        """Move checkpoints at or after ``step`` (except ``keep``) and their metrics to ``abandoned/``."""
+        """--branch: move checkpoints after ``step`` (except ``keep``), the metrics logged after it and everything
+        else that describes the abandoned timeline to ``abandoned/``."""
         newer = [p for s, p in list_checkpoints(self.path) if s >= step and p.resolve() != keep.resolve()]
         if not newer:
             return None
-        dest = self.path / ABANDONED / f"{time.strftime('%Y%m%d-%H%M%S')}-after-step_{step}"
-        (dest / CHECKPOINT_DIR).mkdir(parents=True)
+        metrics = self.path / METRICS
+        lines = metrics.read_text().splitlines(keepends=True) if metrics.is_file() else []
+        kept = "".join(line for line in lines if not _logged_after(line, step))
+        best = (BEST,) if _best_written_after(lines, step, keep) else ()
+        dest = self._set_aside(metrics, f"after-step_{step}", extra=(CONFIG, *best), keep_log=kept)
+        assert dest is not None  # keep_log given: always made
+        (dest / CHECKPOINT_DIR).mkdir()
         for p in newer:
             os.replace(p, dest / CHECKPOINT_DIR / p.name)
-        metrics = self.path / METRICS
-        if metrics.exists():
-            kept = [line for line in metrics.read_text().splitlines(keepends=True) if not _logged_after(line, step)]
-            shutil.copy2(metrics, dest / METRICS)  # the abandoned timeline's full log
-            metrics.write_text("".join(kept))
         return dest
 
     def newer_checkpoints(self, step: int, keep: Path) -> list[int]:
         return [s for s, p in list_checkpoints(self.path) if s >= step and p.resolve() != keep.resolve()]
+
+
+def _best_written_after(lines: list[str], step: int, keep: Path) -> bool:
+    """Whether ``best/`` was rewritten after ``step``: an eval logged after it beat the best the checkpoint at
+    ``step`` knew (or the log cannot tell)."""
+    from accel_train.checkpoint.state import read_progress
+
+    if not lines:
+        return True
+    best = read_progress(keep)["state"].get("best_metric")
+    for line in lines:
+        try:
+            record = json.loads(line)
+            if record.get("event") == "eval" and int(record["step"]) > step:
+                acc = float(record["eval_accuracy"])
+                if best is None or acc > best:
+                    return True
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue
+    return False

@@ -348,8 +348,10 @@ def build_runtime(cfg: TrainConfig, log_with: list | None = None) -> Runtime:
     from accelerate import Accelerator, DataLoaderConfiguration, InitProcessGroupKwargs
     from accelerate.utils import ProjectConfiguration, TorchDynamoPlugin
 
+    from accel_train.accelerate_env import check_accelerate_env
     from accel_train.elastic import relaunch_as_ranks
 
+    env_precision = check_accelerate_env()  # one line for a value accelerate would misread or fail on
     _cache_per_step_package_lookups()
 
     relaunch_as_ranks()  # a MULTI_CPU config's lone process becomes the launcher of its N ranks (execve)
@@ -363,7 +365,7 @@ def build_runtime(cfg: TrainConfig, log_with: list | None = None) -> Runtime:
     _forget_the_previous_run()
     accelerator = Accelerator(
         cpu=cpu,
-        mixed_precision=cfg.mixed_precision,
+        mixed_precision=cfg.mixed_precision or env_precision,  # explicit: accelerate reads the variable unchecked
         gradient_accumulation_steps=1,  # set by the loop once the batch plan is known
         log_with=log_with,
         project_config=ProjectConfiguration(project_dir=cfg.output_dir, logging_dir=cfg.output_dir),

@@ -87,8 +87,9 @@ def _fill_disk_at(spec: str) -> None:
 
         import accel_train.fsio as fsio
 
-        fsio.open = lambda path, mode="r", *a, **k: builtins.open(
-            "/dev/full" if str(path).endswith("metrics.jsonl") and hit() else path, mode, *a, **k
+        real_open = fsio._open_append
+        fsio._open_append = lambda path, what: (
+            builtins.open("/dev/full", "a") if str(path).endswith("metrics.jsonl") and hit() else real_open(path, what)
         )
 
 

@@ -57,7 +57,9 @@ def test_exact_resume_two_processes(tmp_path):
     check(run_script("train.py", *args, "--stop-at-step", "13", "--output-dir", str(resumed), config="multi_cpu.yaml"))
     check(run_script("train.py", *args, "--resume", "auto", "--output-dir", str(resumed), config="multi_cpu.yaml"))
     assert summary(resumed)["world_size"] == 2 and summary(resumed)["global_step"] == 30
-    assert max_abs_diff(weights(straight), weights(resumed)) <= 1e-6
+    # 1 vs 2 processes (and their thread counts) round float32 differently, by CPU kind: measured 1e-7 on
+    # AVX512 machines, 2.9e-6 on an AVX2-only EPYC. A real break (data order, RNG, optimizer state) is ~1e-2.
+    assert max_abs_diff(weights(straight), weights(resumed)) <= 1e-5
 
 
 @pytest.mark.slow  # inductor compiles C++ for each of 2 ranks x 3 launches: about 70 s on 2 cores

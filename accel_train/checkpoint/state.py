@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import pickle  # only for pickle.UnpicklingError
+import re
 import shutil
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -40,6 +41,14 @@ from accel_train.limits import check_regular_file
 
 CHECKPOINT_DIR = "checkpoints"
 TMP_PREFIX = ".tmp-"
+#: The only folder names a run gives its checkpoints (``step_`` + 8 digits, and the ``.tmp-`` form while a save
+#: is under way). Resume, retention and ``--branch`` see nothing else in ``checkpoints/``: a user's renamed copy
+#: or own folder there is never resumed from, moved or deleted.
+_OWN_NAME = re.compile(r"step_\d{8,}")
+
+
+def is_own_checkpoint_name(name: str) -> bool:
+    return _OWN_NAME.fullmatch(name) is not None
 
 
 @dataclass
@@ -96,13 +105,14 @@ def install_unwrapped_weight_hooks(accelerator) -> None:
 
 
 def list_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints as (global_step, path), oldest first; partial ones are skipped."""
+    """The run's own complete checkpoints as (global_step, path), oldest first; partial and foreign ones are
+    skipped (see ``_OWN_NAME``)."""
     root = Path(output_dir) / CHECKPOINT_DIR
     found = []
     if not root.is_dir():
         return found
     for path in root.iterdir():
-        if path.name.startswith(TMP_PREFIX) or not path.is_dir():
+        if not is_own_checkpoint_name(path.name) or path.is_symlink() or not path.is_dir():
             continue
         try:
             found.append((read_progress(path)["state"]["global_step"], path))
@@ -120,11 +130,8 @@ def _refuse_unusable_newest(output_dir: str | Path) -> None:
     usable = {p.name for _, p in list_checkpoints(output_dir)}
     newest = max(usable, default="")
     for path in sorted(root.iterdir(), reverse=True):
-        named_step = path.name.startswith("step_")
-        if path.name in usable or path.name < newest or path.name.startswith(TMP_PREFIX) or not path.is_dir():
-            continue
-        if not named_step and not (path / PROGRESS_FILE).exists():
-            continue  # a foreign folder
+        if path.name in usable or path.name < newest or not is_own_checkpoint_name(path.name) or not path.is_dir():
+            continue  # older, partial (.tmp-), or a foreign folder
         try:
             read_progress(path)
         except CheckpointError as exc:
@@ -208,8 +215,9 @@ def save_checkpoint(
         with writing(final, "checkpoint", needed):
             if accelerator.is_main_process:
                 root.mkdir(parents=True, exist_ok=True)
-                for stale in root.glob(f"{TMP_PREFIX}*"):  # leftovers of a killed save
-                    shutil.rmtree(stale, ignore_errors=True)
+                for stale in root.glob(f"{TMP_PREFIX}step_*"):  # leftovers of a killed save (only ours)
+                    if is_own_checkpoint_name(stale.name[len(TMP_PREFIX) :]):
+                        shutil.rmtree(stale, ignore_errors=True)
                 tmp.mkdir()
             accelerator.wait_for_everyone()
             accelerator.save_state(str(tmp), safe_serialization=True)
