@@ -34,6 +34,10 @@ def check_regular_file(path: str | os.PathLike, what: str, error: type[UserError
         return
     if stat.S_ISREG(mode):
         return
+    raise error(f"{path} is {file_kind(mode)}, not a regular file; pass the {what} file itself")
+
+
+def file_kind(mode: int) -> str:
+    """What a ``st_mode`` that is not a regular file is, in words."""
     kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
-    kind = next((name for test, name in kinds if test(mode)), "a device or other special file")
-    raise error(f"{path} is {kind}, not a regular file; pass the {what} file itself")
+    return next((name for test, name in kinds if test(mode)), "a device or other special file")

@@ -39,6 +39,7 @@ from pathlib import Path
 from accel_train.checkpoint.state import CHECKPOINT_DIR, list_checkpoints
 from accel_train.errors import UserError
 from accel_train.fsio import WRITE_GUARD, writing
+from accel_train.limits import file_kind
 from accel_train.run_lock import LOCK, RunLock, pid_alive
 
 __all__ = ["LOCK", "MARKER", "OUTPUTS", "RunDir", "RunLock", "pid_alive"]
@@ -104,8 +105,7 @@ def _kind_problem(path: Path, folder: bool) -> str | None:
     if folder and not stat.S_ISDIR(mode):
         return "is not a folder"
     if not folder and not stat.S_ISREG(mode):
-        kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
-        return f"is {next((name for test, name in kinds if test(mode)), 'a device or special file')}, not a file"
+        return f"is {file_kind(mode)}, not a regular file"
     return None
 
 
@@ -178,8 +178,6 @@ class RunDir:
                 f"--output-dir {out} is {what}; a run writes and replaces files there: choose a folder for this "
                 "run, e.g. runs/NAME"
             )
-        if os.path.lexists(out) and not out.is_dir():
-            raise UserError(f"--output-dir {out} is not a folder ({_kind_problem(out, True)}); choose another folder")
         present = self.outputs_present() if out.is_dir() else []
         self._check_kinds(present)
         shown = ", ".join([n for n in present if n != MARKER][:4]) or MARKER

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from accel_train.errors import UserError
+from accel_train.limits import file_kind
 
 LOCK = ".lock"
 
@@ -45,9 +46,13 @@ class RunLock:
     def _open(self, flags: int) -> int:
         """Open the lock file without ever blocking (a FIFO would): only a regular file is a lock."""
         fd = os.open(self.path, flags | os.O_NONBLOCK, 0o644)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
             os.close(fd)
-            raise UserError(f"{self.path} is not a regular file, so it cannot lock the run folder; remove it")
+            raise UserError(
+                f"--output-dir {self.path.parent}: {self.path} is {file_kind(mode)}, not a regular file, so it cannot "
+                "lock the run folder; remove it, or choose another --output-dir"
+            )
         return fd
 
     def holder(self) -> dict[str, Any]:
