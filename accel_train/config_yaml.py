@@ -237,8 +237,39 @@ def _check_yaml_size(yaml, loader_cls: type, path: Path, text: str) -> None:
     try:
         for event in yaml.parse(text, Loader=loader_cls):
             counter.feed(event)
-    except yaml.YAMLError:
+    except yaml.YAMLError as exc:
+        # PyYAML >= 6.0.4 refuses deep nesting itself, in its own words and before our events arrive (the parser
+        # reads ahead): the nesting is measured here, so the refusal is ours whatever PyYAML says.
+        mark = getattr(exc, "problem_mark", None)
+        end = mark.index + 1 if mark is not None and isinstance(getattr(mark, "index", None), int) else len(text)
+        if _flow_depth(text[:end]) > YAML_MAX_DEPTH:
+            raise UserError(
+                f"--config {path}: lists/mappings nest more than {YAML_MAX_DEPTH} levels deep (line "
+                f"{text.count(chr(10), 0, end) + 1}); a hyperparameter file is flat 'key: value' lines"
+            ) from None
         return  # a syntax error: load_yaml_config reports it with its line and column
+
+
+def _flow_depth(text: str) -> int:
+    """The deepest nesting of ``[``/``{`` in ``text``, outside quotes and comments (enough to name a refusal)."""
+    depth = deepest = 0
+    quote = None
+    comment = False
+    for ch in text:
+        if comment:
+            comment = ch != "\n"
+        elif quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#":
+            comment = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth = max(0, depth - 1)
+    return deepest
 
 
 def _top_level_key_lines(yaml, node: Any) -> dict[str, int]:

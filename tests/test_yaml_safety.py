@@ -102,7 +102,7 @@ def test_alias_bomb_refused_fast_and_small(tmp_path, text):
         tracemalloc.stop()
     message = str(info.value)
     assert "anchors/aliases expand too far" in message and "\n" not in message and len(message) < 600, message
-    assert elapsed < 1.0, f"took {elapsed:.2f}s"
+    assert elapsed < 10, f"took {elapsed:.2f}s"  # liveness, not speed: an expanded bomb takes minutes
     assert peak < 100 * 2**20, f"peak {peak / 2**20:.1f} MiB"
 
 
@@ -116,7 +116,7 @@ def test_recursive_alias_and_deep_nesting_refused(tmp_path):
     deep = "lr: " + "[" * 200_000 + "]" * 200_000 + "\n"
     start = time.perf_counter()
     refused(write(tmp_path, deep), "nest more than")
-    assert time.perf_counter() - start < 1.0
+    assert time.perf_counter() - start < 10  # liveness: recursing 200,000 levels would not end this soon
 
 
 def test_small_aliases_still_load(tmp_path):
@@ -127,7 +127,7 @@ def test_file_over_1mib_refused_quickly(tmp_path):
     path = write(tmp_path, "lr: 0.1\n# " + "x" * YAML_MAX_BYTES + "\n")
     start = time.perf_counter()
     refused(path, "bytes is too large", f"{YAML_MAX_BYTES:,}")
-    assert time.perf_counter() - start < 1.0
+    assert time.perf_counter() - start < 10  # liveness: refused from its size, not after parsing it
 
 
 # ------------------------------------------------------------------ bytes: NUL, BOM
