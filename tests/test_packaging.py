@@ -183,3 +183,35 @@ def test_accel_train_has_no_import_cycles():
     for name in sorted(modules):
         if name not in state:
             dfs(name)
+
+
+def test_readme_commands_and_ci_install_through_the_constraints():
+    """The README's two set-up commands and .ci/run install through constraints.txt, which pins every package the
+    requirements name (but the platform builds it leaves out, named in its header) to one exact version."""
+    import re
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    readme = (REPO / "README.md").read_text()
+    train = "python3 -m pip install -c constraints.txt -r requirements.txt -e . && python3 scripts/train.py"
+    tests = "python3 -m pip install -c constraints.txt -r requirements-dev.txt && python3 -m pytest"
+    assert f"```bash\n{train}\n```" in readme and f"```bash\n{tests}\n```" in readme
+    assert tests in (REPO / ".ci" / "run").read_text()
+    text = (REPO / "constraints.txt").read_text()
+    pins = {}
+    for line in text.splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version and re.fullmatch(r"[\w.+!-]+", version), f"not an exact pin: {line!r}"
+            pins[canonicalize_name(name)] = version
+    left_out = {"torch", "torchvision"}  # platform builds: named in the header instead
+    assert all(name in text.split("\n\n")[0] for name in left_out)
+    for req_file in ("requirements.txt", "requirements-dev.txt"):
+        for line in (REPO / req_file).read_text().splitlines():
+            line = line.split("#")[0].strip()
+            if line and not line.startswith("-"):
+                name = canonicalize_name(Requirement(line).name)
+                assert name in pins or name in left_out, f"{name} ({req_file}) is not pinned in constraints.txt"
+                if name in pins:
+                    assert Requirement(line).specifier.contains(pins[name]), f"{name}=={pins[name]} outside {line}"
