@@ -4,6 +4,8 @@ exported weights or a checkpoint that ``accel-evaluate`` / ``scripts/eval.py`` r
 from __future__ import annotations
 
 import json
+import math
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from torch import nn
 from accel_train.config import TrainConfig
 from accel_train.data.pipeline import BatchNormalizer
 from accel_train.errors import CheckpointError, UserError
+from accel_train.fsio import atomic_write
 from accel_train.metrics import confusion_matrix
 
 #: How this program's dataset errors say to fetch missing files: evaluation never downloads.
@@ -118,10 +121,11 @@ def run_evaluation(
         "mixed_precision": acc.mixed_precision,
         "tta": tta,
     }
+    report = _finite_json(report, str(weights))
     if rt.is_main:
         if out:
-            Path(out).parent.mkdir(parents=True, exist_ok=True)
-            Path(out).write_text(json.dumps(report, indent=2))
+            text = json.dumps(report, indent=2, allow_nan=False)
+            atomic_write(out, lambda tmp: Path(tmp).write_text(text), "the evaluation report")
         if confusion_png:
             from accel_train.plots import plot_confusion_matrix
 
@@ -173,3 +177,28 @@ def evaluate_model(
     if with_confusion:
         out["confusion"] = confusion_matrix(preds, refs, num_classes)
     return out
+
+
+def _finite_json(report: dict[str, Any], weights: str) -> dict[str, Any]:
+    """``report`` with every NaN/Inf number as null (JSON has no NaN), and one warning line when there was one."""
+    bad: list[str] = []
+
+    def clean(value: Any, where: str) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            bad.append(where)
+            return None
+        if isinstance(value, dict):
+            return {k: clean(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [clean(v, where) for v in value]
+        return value
+
+    cleaned = clean(report, "")
+    if bad:
+        print(
+            f"warning: {', '.join(sorted(set(bad))[:5])} not finite (NaN or Inf), written as null: {weights} may "
+            "hold NaN/Inf weights (a diverged run); evaluate another checkpoint",
+            file=sys.stderr,
+            flush=True,
+        )
+    return cleaned

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from accel_train.errors import UserError
+from accel_train.fsio import writing
 from accel_train.run_dir import METRICS as METRICS_FILE
 from accel_train.runs import (  # noqa: F401 (compare_runs_table, read_metrics: the public API stays here too)
     _default_label,
@@ -80,8 +81,9 @@ def _save(fig, out: Path) -> Path:
     fmt = out.suffix.lstrip(".").lower() or "png"
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
-        fig.savefig(tmp, format=fmt, dpi=110, bbox_inches="tight")
-        os.replace(tmp, out)
+        with writing(out, "the image"):  # a full or read-only disk: one line
+            fig.savefig(tmp, format=fmt, dpi=110, bbox_inches="tight")
+            os.replace(tmp, out)
     finally:
         plt.close(fig)
         tmp.unlink(missing_ok=True)

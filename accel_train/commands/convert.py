@@ -85,6 +85,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=2) if args.json else _format_inspection(info))
         return 0
 
+    from accel_train.outputs import check_output_folder
+
+    check_output_folder(args.out, "--out", [args.source])  # a file, under a file, unwritable, an input, a run's own
     if not args.overwrite:
         _refuse_existing_export(args.out)
     sd, meta = read_state_dict(args.source)

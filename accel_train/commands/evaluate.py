@@ -8,8 +8,11 @@ Only the dataset's test split is read: ``t10k-*`` alone is enough for mnist/fash
 for cifar10. Evaluation never downloads; ``train.py --download`` fetches the files.
 """
 
+import os
+
 from accel_train.cli import ArgumentParser, run_main  # light: no torch
 from accel_train.config import MIXED_PRECISION, TTA  # light too: the training flags' own choices
+from accel_train.errors import UserError
 
 
 def main(argv=None):
@@ -18,7 +21,9 @@ def main(argv=None):
     parser.add_argument("--dataset", help="dataset name (default: the one recorded with the weights)")
     parser.add_argument("--data-dir", default="data", help="root of on-disk datasets (default: data)")
     parser.add_argument("--batch-size", type=int, default=128, help="evaluation batch per process (default: 128)")
-    parser.add_argument("--out", help="write the JSON report here (default: print it)")
+    parser.add_argument("--out", help="write the JSON report here (default: print it); an existing file only with "
+                        "--overwrite")  # fmt: skip
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out / --confusion-png")
     parser.add_argument("--confusion-png", help="also write a confusion-matrix PNG")
     parser.add_argument("--image-column", help="image column of an hf: dataset (default: detected)")
     parser.add_argument("--label-column", help="label column of an hf: dataset (default: detected)")
@@ -32,6 +37,7 @@ def main(argv=None):
     if args.batch_size < 1:
         parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
 
+    _check_outputs(args)  # before the weights, the data or torch are loaded
     import json
 
     from accel_train.checkpoint.weights import user_code_allowed
@@ -57,6 +63,20 @@ def main(argv=None):
     else:
         print(json.dumps({k: v for k, v in report.items() if k != "confusion_matrix"}, indent=2))
     return 0
+
+
+def _check_outputs(args) -> None:
+    from accel_train.outputs import check_output_file
+
+    inputs = [args.weights]
+    if args.dataset and ":" in args.dataset:  # imagefolder:PATH, hf:PATH: a PNG written there would become data
+        inputs.append(args.dataset.split(":", 1)[1])
+    if args.out:
+        check_output_file(args.out, "--out", (".json",), args.overwrite, inputs)
+    if args.confusion_png:
+        check_output_file(args.confusion_png, "--confusion-png", (".png",), args.overwrite, inputs)
+    if args.out and args.confusion_png and os.path.abspath(args.out) == os.path.abspath(args.confusion_png):
+        raise UserError("--out and --confusion-png name the same file; give each its own")
 
 
 def cli_main() -> None:

@@ -23,6 +23,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = ArgumentParser(description="Overlay the curves of several runs and print a comparison table.")
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (with metrics.jsonl)")
     parser.add_argument("--out", default="runs_compare.png", help="image to write (default: %(default)s)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     parser.add_argument("--labels", default=None, help="comma-separated legend labels, one per RUN_DIR")
     parser.add_argument(
         "--x",
@@ -40,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     from accel_train.plots import compare_runs_table, plot_runs
 
     args = parse_args(argv)
+    from accel_train.outputs import check_output_file
+
+    check_output_file(args.out, "--out", (".png",), args.overwrite, args.run_dirs)  # before any run is read
     labels = None
     if args.labels is not None:
         labels = [label.strip() for label in args.labels.split(",")]

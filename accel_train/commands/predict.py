@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-k", type=int, default=3, help="classes to print per image (default 3)")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
     parser.add_argument("--sheet", metavar="PNG", help="also draw the images with their predictions into this PNG")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --sheet")
     parser.add_argument(
         "--raw", action="store_true", help="only resize the images (no polarity check, fit or digit centring)"
     )
@@ -167,6 +168,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.top_k < 1:
         raise UserError("--top-k must be at least 1")
+    if args.sheet:  # before the model and the images are loaded
+        from accel_train.outputs import check_output_file
+
+        check_output_file(args.sheet, "--sheet", (".png",), args.overwrite, [args.weights, *args.images])
     paths = _expand(args.images)
     model, config = load_model(args.weights, allow_import=args.allow_import)
     record = RAW if args.raw else check_preprocess(config, f"{args.weights} (config.json)")
