@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import difflib
 import math
 import reprlib
@@ -81,8 +82,11 @@ def load_yaml_config(path: str | Path) -> dict[str, Any]:
                 f"--config {path}: key {key!r} appears twice, as {spelled[key]!r} and {raw_key!r}{at}; keep one"
             )
         spelled[key] = raw_key
-        if _field_type(known[key]) is str and isinstance(value, (bool, int, float)):
-            # YAML 1.1 turns no/NO/off/yes into booleans and 0 into an int: show the text as written.
+        if isinstance(value, (bytes, bytearray)):
+            raise UserError(f"--config {path}: {key} is binary data (!!binary); write the value as plain text")
+        if _field_type(known[key]) is str and isinstance(value, (bool, int, float, datetime.date)):
+            # YAML 1.1 turns no/NO/off/yes into booleans, 0 into an int and 2024-01-01 into a date: show the text
+            # as written.
             written = _clip(_scalar_text(yaml, node, raw_key) or str(value), 80)
             raise UserError(
                 f"--config {path}: {key}: {written} was read as {_short_repr(value)}, not as text; "
@@ -126,6 +130,13 @@ def _yaml_loader() -> type:
     base = getattr(yaml, "CSafeLoader", None) or yaml.SafeLoader
 
     class ConfigLoader(base):  # type: ignore[misc, valid-type]
+        # YAML 1.1 reads 1:30 as the sexagesimal number 90 (and 1:30.5 as 90.5): here it stays the text "1:30",
+        # which a number field then refuses in one line and a text field keeps as written.
+        yaml_implicit_resolvers = {
+            first: [(tag, _NoColon(rx) if tag in _NUMBER_TAGS else rx) for tag, rx in resolvers]
+            for first, resolvers in base.yaml_implicit_resolvers.items()
+        }
+
         def construct_mapping(self, node, deep=False):
             if isinstance(node, yaml.MappingNode):
                 seen: dict[Any, Any] = {}
@@ -152,6 +163,19 @@ def _yaml_loader() -> type:
 
     _LOADER.append(ConfigLoader)
     return ConfigLoader
+
+
+_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+
+
+class _NoColon:
+    """A resolver pattern that never matches text with a colon (no sexagesimal numbers)."""
+
+    def __init__(self, pattern: Any):
+        self.pattern = pattern
+
+    def match(self, value: str) -> Any:
+        return None if ":" in value else self.pattern.match(value)
 
 
 class _DuplicateKey(Exception):

@@ -202,3 +202,33 @@ def test_alias_bomb_through_train_script(tmp_path):
     assert len(errors) == 1 and proc.stderr.count("\n") == 1, out
     assert "anchors/aliases expand too far" in errors[0] and str(path) in errors[0], out
     assert not (tmp_path / "run").exists()
+
+
+# ---- YAML 1.1's silent conversions (issue 24) -----------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "needles"),
+    [
+        ("epochs: 1:30\n", ("epochs must be a number", "'1:30'")),  # sexagesimal: was 90, silently
+        ("lr: 1:30.5\n", ("lr must be a number", "'1:30.5'")),  # sexagesimal float: was 90.5
+        ("output_dir: !!binary aGVsbG8=\n", ("output_dir is binary data",)),  # was the folder "b'hello'"
+        ("output_dir: 2024-01-01 10:00:00\n", ("output_dir", "not as text", "quote it")),  # a datetime
+        ("image_column: on\n", ("image_column", "read as True", "quote it")),
+    ],
+)
+def test_yaml_1_1_conversions_are_refused_not_silent(tmp_path, text, needles):
+    refused(write(tmp_path, text), *needles)
+
+
+def test_text_with_a_colon_stays_as_written(tmp_path):
+    assert load_yaml_config(write(tmp_path, "output_dir: 1:30\n")) == {"output_dir": "1:30"}
+    assert load_yaml_config(write(tmp_path, "output_dir: runs/10:30:00\n")) == {"output_dir": "runs/10:30:00"}
+
+
+def test_yaml_trap_through_the_script_is_one_line(tmp_path):
+    from conftest import run_here
+    from test_bad_inputs import assert_one_line_error
+
+    path = write(tmp_path, "max_steps: 1:30\n")
+    assert_one_line_error(run_here("train.py", "--config", str(path), "--output-dir", str(tmp_path / "r")),
+                          "max_steps must be a number")  # fmt: skip
+    assert not (tmp_path / "r").exists()
