@@ -336,7 +336,8 @@ class RunDir:
         ``abandoned/<time>-<why>/``; ``keep_log``: the lines the kept timeline keeps (else the log moves).
         Returns the folder, or None when there was nothing to move and nothing is kept."""
         names = [n for n in (*TIMELINE, *extra) if os.path.lexists(self.path / n)]
-        if not names and not log.is_file() and keep_log is None:
+        recorded = log.is_file() or any(n in TIMELINE for n in names)  # a config.yaml alone recorded nothing
+        if not recorded and keep_log is None:
             return None
         dest = self.path / ABANDONED / f"{time.strftime('%Y%m%d-%H%M%S')}-{why}"
         while dest.exists():
