@@ -1,0 +1,56 @@
+"""Models for the GPU acceptance's runs: ``--model benchmarks.gpu_models:dropout_net``.
+
+:class:`DropoutNet` calls ``F.dropout`` in ``forward``, so its masks come from the device's own global RNG
+(the CUDA generator on a GPU): accel_train's keyed dropout replaces ``nn.Dropout`` modules, not this call,
+and a resume that loses the RNG state shows in the weights. It also records a checksum of every training
+input it sees to ``$GPU_PROBE_RECORD`` (one JSON line per forward): the data order, comparable across runs.
+Nothing here is imported by a training run that does not name it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+RECORD_VAR = "GPU_PROBE_RECORD"
+
+
+class DropoutNet(nn.Module):
+    """Two convolutions and two linear layers with ``F.dropout`` in ``forward``: masks from the global RNG."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1, image_size: int = 28, p: float = 0.25):
+        super().__init__()
+        self.p = p
+        self.conv1 = nn.Conv2d(in_channels, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc1 = nn.Linear(32 * (image_size // 4) ** 2, 64)
+        self.fc2 = nn.Linear(64, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            _record(x)
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = F.dropout(x.flatten(1), self.p, self.training)
+        x = F.dropout(F.relu(self.fc1(x)), self.p, self.training)
+        return self.fc2(x)
+
+
+def dropout_net(num_classes: int = 10, in_channels: int = 1, image_size: int = 28) -> DropoutNet:
+    """``--model benchmarks.gpu_models:dropout_net``."""
+    return DropoutNet(num_classes, in_channels, image_size)
+
+
+def _record(x: torch.Tensor) -> None:
+    """One JSON line per training forward: the batch's size, sum and sum of squares (in float64)."""
+    path = os.environ.get(RECORD_VAR)
+    if not path:
+        return
+    x = x.detach().double()
+    line = {"n": int(x.shape[0]), "sum": float(x.sum()), "sq": float((x * x).sum())}
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")

@@ -1,0 +1,612 @@
+"""The GPU acceptance: its checks, the device plan that fits the lent machine, and the command line.
+
+``scripts/gpu_acceptance.py`` runs :func:`main`. ``--plan --json`` prints the exact commands a session runs on
+the GPU machine (each within one device command's limit, all within a session's device time), the four
+wheels to carry and the line that installs them; docs/gpu/README.md says how to run them with the device tool.
+The checks, in plan order (``CHECK_NAMES``), are defined here; how they run is ``gpu_runner``, how they are
+judged ``gpu_judges``, and what runs on the device besides ``scripts/train.py`` is ``gpu_probe``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from benchmarks import gpu_judges as J
+from benchmarks.gpu_runner import (
+    PASS,
+    Check,
+    Context,
+    Interrupted,
+    Step,
+    counts_line,
+    exit_code,
+    run_all,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_WORK = REPO / "runs" / "gpu_acceptance"
+DEFAULT_OUT = REPO / "runs" / "gpu_acceptance" / "report"
+
+FAST = ["--report-to", "none", "--no-plots", "--no-progress"]
+# For comparisons: no TF32 (fp32 stays fp32), cuBLAS kernels that give the same result every time.
+DETERMINISTIC = {"NVIDIA_TF32_OVERRIDE": "0", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+GPU0 = {"CUDA_VISIBLE_DEVICES": "0"}  # a plain train.py on several visible GPUs would be DataParallel
+CIFAR_SHAPED = ["--dataset", "synthetic", "--synthetic-channels", "3", "--synthetic-image-size", "32"]
+SMALL_CIFAR = [*CIFAR_SHAPED, "--synthetic-size", "512", "--synthetic-test-size", "128"]
+SGD = ["--optimizer", "sgd", "--lr", "0.05"]
+
+# (name, timeout_s): the plan's order. Each timeout holds the check's measured-to-be-expected time with room.
+TIMEOUTS = {
+    "setup": 45,
+    "pytest": 300,
+    "throughput": 210,
+    "speedrun": 180,
+    "resume": 90,
+    "fsdp": 150,
+    "compile": 180,
+    "ddp": 75,
+    "sync-bn": 150,
+    "dp": 45,
+    "device-batch": 90,
+    "dp_ddp": 180,
+}
+CHECK_NAMES = tuple(TIMEOUTS)
+# One device command each: (folder under $OUT, checks). dp_ddp needs two GPUs; the lent machines have one.
+COMMANDS = (
+    ("tests", ("setup", "pytest")),
+    ("speed", ("throughput", "speedrun")),
+    ("state", ("resume", "fsdp", "compile")),
+    ("parallel", ("ddp", "sync-bn", "dp", "device-batch")),
+)
+COMMAND_MARGIN_S = 25  # beyond the checks' own timeouts: the wheels' install, this script's start, the report
+DEVICE_COMMAND_MAX_S = 570  # one device command may run 600 s; 30 s stay for the transfers
+DEVICE_SESSION_MAX_S = 1650  # a session has 1800 s of device time, the machine's start included
+WHEEL_NAMES = ("datasets", "evaluate", "dill", "multiprocess")  # what the GPU machine's image lacks
+WHEELS_DIR, WHEELS_SITE = ".whl", ".whl/site"
+
+
+class SetupError(Exception):
+    """This machine cannot run the checks; the message says what to do. Exit code 2."""
+
+
+# ---- the checks -------------------------------------------------------------------------------------------------
+def _train(
+    label: str, ctx: Context, check: str, *args: str, run: str | None = None, config: str | None = None,
+    launch_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
+) -> Step:  # fmt: skip
+    """``scripts/train.py`` writing to ``work/<check>/<run or label>``: plainly on GPU 0, or launched."""
+    from accel_train.launch import script_cmd
+
+    out = ctx.work / check / (run or label)
+    argv = script_cmd("train.py", *args, *FAST, "--output-dir", str(out), config=config, launch_args=launch_args)
+    return Step(label, argv, {**(GPU0 if config is None else {}), **(env or {})}, out)
+
+
+def _probe(label: str, ctx: Context, check: str, probe: str, *args: str, env: dict[str, str] | None = None) -> Step:
+    """``python -m benchmarks.gpu_probe PROBE ARGS --out work/<check>/<label>.json`` (``--out`` last)."""
+    out = ctx.work / check / f"{label}.json"
+    return Step(
+        label, [sys.executable, "-m", "benchmarks.gpu_probe", probe, *args, "--out", str(out)], {**GPU0, **(env or {})}
+    )
+
+
+def setup_check(ctx: Context) -> Check:
+    return Check(
+        "setup", "import times, the carried wheels (datasets, evaluate) and CUDA, in a fresh process",
+        "datasets, evaluate, accel_train and its accuracy metric import and compute, and torch sees a GPU "
+        "(the seconds each import takes are reported: every training process pays them)",
+        TIMEOUTS["setup"], [_probe("imports", ctx, "setup", "imports")], J.measure_setup, J.judge_setup,
+        exercises="the environment every other check relies on",
+    )  # fmt: skip
+
+
+def pytest_check(ctx: Context) -> Check:
+    argv = [sys.executable, "-m", "pytest", "-m", "gpu or multigpu", "-v", "-p", "no:cacheprovider", "tests"]
+    if importlib.util.find_spec("xdist"):  # the GPU machine has 16 cores; runs that share a fixture stay together
+        argv[-1:-1] = ["-n", "4", "--dist", "loadgroup"]
+    if importlib.util.find_spec("pytest_timeout"):
+        argv[-1:-1] = ["--timeout", "240"]
+    return Check(
+        "pytest", "the GPU-marked tests (tests/test_gpu.py)",
+        "pytest exits 0, at least one test passed and none failed or errored (multigpu tests skip on one GPU)",
+        TIMEOUTS["pytest"], [Step("pytest", argv, must_succeed=False)], J.measure_pytest, J.judge_pytest,
+        exercises="single-GPU training, bf16/fp16, CPU<->GPU resume, FSDP bf16, data and augmentation on the GPU",
+    )  # fmt: skip
+
+
+THROUGHPUT_BATCH, THROUGHPUT_STEPS = 512, 200
+THROUGHPUT_ROWS = {
+    "fp32": ["--mixed-precision", "no", "--no-tf32"],
+    "tf32": ["--mixed-precision", "no"],
+    "bf16": ["--mixed-precision", "bf16"],
+    "fp16": ["--mixed-precision", "fp16"],
+}
+
+
+def throughput_check(ctx: Context) -> Check:
+    data = [*CIFAR_SHAPED, "--synthetic-size", str(THROUGHPUT_BATCH * 100), "--synthetic-test-size", "2560"]
+    args = ["--model", "resnet18", *data, "--batch-size", str(THROUGHPUT_BATCH), "--max-steps", str(THROUGHPUT_STEPS)]
+    args += ["--log-every", "25", "--no-checkpoint-epochs"]  # a log syncs the GPU: the host clock stays honest
+    steps = [_probe("gemm", ctx, "throughput", "gemm", "--model", "resnet18")]
+    steps += [_train(row, ctx, "throughput", *args, *flags) for row, flags in THROUGHPUT_ROWS.items()]
+    return Check(
+        "throughput",
+        f"resnet18, CIFAR-shaped synthetic data, batch {THROUGHPUT_BATCH}, {THROUGHPUT_STEPS} steps: fp32 (TF32 "
+        "off), tf32, bf16 and fp16 as separate rows",
+        "every row finishes on the GPU with a finite loss in its own precision (fp32 with TF32 off, tf32 on), "
+        f"and fp16 shows a real loss scale (a power of two) with at most {J.FP16_MAX_SKIPPED:.0%} of steps skipped "
+        "(samples/s, MFU against the measured bf16 GEMM peak, memory and speed-ups are reported, not judged)",
+        TIMEOUTS["throughput"], steps, J.measure_throughput, J.judge_throughput,
+        exercises="one GPU's speed in each precision", expected_steps=THROUGHPUT_STEPS,
+    )  # fmt: skip
+
+
+def speedrun_check(ctx: Context) -> Check:
+    work = ctx.work / "speedrun"
+    step = _probe("speedrun", ctx, "speedrun", "speedrun", "--work", str(work), "--warmup-steps", "60")
+    return Check(
+        "speedrun",
+        f"airbench's recipe at full length ({J.SPEEDRUN_STEPS} steps of 1024, bf16) on random CIFAR-10-format "
+        "files (50k/10k), after a 60-step warm-up in the same process",
+        "the run holds its data on the GPU and augments it there (crop + flip), reaches "
+        f"{J.SPEEDRUN_STEPS} steps with a finite loss; train_time_s (after the warm-up: no cuDNN autotuning) is "
+        f"reported beside airbench's published {J.SPEEDRUN_PUBLISHED_S} A100-seconds (accuracy on random data "
+        "means nothing: python -m benchmarks.speedrun --data-dir DIR with CIFAR-10)",
+        TIMEOUTS["speedrun"], [step], J.measure_speedrun, J.judge_speedrun,
+        exercises="the recipe's batched augmentation on the GPU, timed", expected_steps=J.SPEEDRUN_STEPS,
+    )  # fmt: skip
+
+
+RESUME_STEPS, RESUME_STOP = 40, 17
+
+
+def resume_check(ctx: Context) -> Check:
+    args = ["--model", "benchmarks.gpu_models:dropout_net", "--dataset", "synthetic", "--synthetic-size", "2048"]
+    args += ["--synthetic-test-size", "256", *SGD, "--batch-size", "64", "--max-steps", str(RESUME_STEPS)]
+    args += ["--log-every", "5"]
+
+    def env(label: str) -> dict[str, str]:
+        return {**DETERMINISTIC, "GPU_PROBE_RECORD": str(ctx.work / "resume" / f"{label}.jsonl")}
+
+    steps = [
+        _train("straight", ctx, "resume", *args, env=env("straight")),
+        _train("stopped", ctx, "resume", *args, "--stop-at-step", str(RESUME_STOP), run="resumed", env=env("stopped")),
+        _train("resumed", ctx, "resume", *args, "--resume", "auto", env=env("resumed")),
+    ]  # the stopped and resumed runs share one folder
+    return Check(
+        "resume",
+        f"a model with F.dropout in forward (the CUDA RNG) stopped at step {RESUME_STOP} and resumed to "
+        f"{RESUME_STEPS} (across an epoch end), vs straight to {RESUME_STEPS}; SGD, TF32 off",
+        f"weights and optimizer state within {J.RESUME_TOL:g} of the straight run's, the same batches in the same "
+        "order (input checksums), the CUDA RNG advanced by dropout and equal at the end, no RNG-restore error",
+        TIMEOUTS["resume"], steps, J.measure_resume, J.judge_resume,
+        exercises="checkpoint/resume on the GPU with state that really uses the CUDA RNG",
+        expected_steps=RESUME_STEPS, stop_at=RESUME_STOP,
+    )  # fmt: skip
+
+
+FSDP_STEPS, FSDP_STOP = 12, 5
+
+
+def fsdp_check(ctx: Context) -> Check:
+    args = ["--model", "resnet18", *SMALL_CIFAR, *SGD, "--mixed-precision", "no", "--batch-size", "32"]
+    args += ["--max-steps", str(FSDP_STEPS), "--log-every", "1"]
+    kw: dict[str, Any] = {"config": "fsdp.yaml", "launch_args": ("--num_processes", "1"), "env": DETERMINISTIC}
+    steps = [
+        _train("straight", ctx, "fsdp", *args, **kw),
+        _train("stopped", ctx, "fsdp", *args, "--stop-at-step", str(FSDP_STOP), run="resumed", **kw),
+        _train("resumed", ctx, "fsdp", *args, "--resume", "auto", **kw),
+    ]
+    return Check(
+        "fsdp",
+        f"fsdp.yaml at world size 1 on resnet18 (BatchNorm), fp32 SGD: sharded checkpoint at step {FSDP_STOP}, "
+        f"resume to {FSDP_STEPS}, vs a straight FSDP run",
+        f"the resumed run within {J.FSDP_TOL:g} of the straight one, model/model.safetensors equal to the "
+        "sharded checkpoint's tensors (merged on the CPU) and to resnet18's keys, shapes and dtypes",
+        TIMEOUTS["fsdp"], steps, J.measure_fsdp, J.judge_fsdp,
+        exercises="FSDP2 save/resume/export at world size 1 (a shard is the whole tensor: no sharding across ranks)",
+        expected_steps=FSDP_STEPS, stop_at=FSDP_STOP,
+    )  # fmt: skip
+
+
+COMPILE_STEPS, COMPILE_STOP = 20, 8
+
+
+def compile_check(ctx: Context) -> Check:
+    args = ["--model", "lenet", "--dataset", "synthetic", "--synthetic-size", "1024", "--synthetic-test-size", "128"]
+    args += [*SGD, "--batch-size", "64", "--max-steps", str(COMPILE_STEPS), "--log-every", "4"]
+    env = {**DETERMINISTIC, "TORCHINDUCTOR_CACHE_DIR": str(ctx.work / "compile" / "inductor")}
+    steps = [
+        _train("eager", ctx, "compile", *args, env=DETERMINISTIC),
+        _train("stopped", ctx, "compile", *args, "--compile", "--stop-at-step", str(COMPILE_STOP), run="resumed",
+               env=env),
+        _train("resumed", ctx, "compile", *args, "--compile", "--resume", "auto", env=env),
+    ]  # fmt: skip
+    return Check(
+        "compile",
+        f"--compile on CUDA (inductor), stopped at step {COMPILE_STOP} and resumed to {COMPILE_STEPS} across an "
+        "epoch end, vs an eager straight run",
+        f"inductor wrote kernels, the compiled stop+resume is within {J.COMPILE_TOL:g} of the eager run and "
+        "its export has no _orig_mod. prefix",
+        TIMEOUTS["compile"], steps, J.measure_compile, J.judge_compile,
+        exercises="torch.compile on CUDA through accelerate, with a checkpoint in between",
+        expected_steps=COMPILE_STEPS, stop_at=COMPILE_STOP,
+    )  # fmt: skip
+
+
+SGD_LENET = ["--model", "lenet", *SGD, "--global-batch-size", "32", "--max-steps", "20", "--log-every", "1"]
+
+
+def ddp_check(ctx: Context) -> Check:
+    steps = [
+        _train("plain", ctx, "ddp", *SGD_LENET, env=DETERMINISTIC),
+        _train("ddp", ctx, "ddp", *SGD_LENET, config="multi_gpu.yaml", launch_args=("--num_processes", "1"),
+               env={**DETERMINISTIC, "NCCL_DEBUG": "INFO"}),
+    ]  # fmt: skip
+    return Check(
+        "ddp", "multi_gpu.yaml with one process (DDP over NCCL at world size 1) vs one plain process, lenet, 20 steps",
+        f"the DDP run is MULTI_GPU at world size 1, NCCL initialised, weights within {J.DDP_TOL:g} of the plain run",
+        TIMEOUTS["ddp"], steps, J.measure_ddp, J.judge_ddp,
+        exercises="the DDP wrapper, NCCL set-up and accelerate's MULTI_GPU path (one rank: no real all-reduce)",
+        expected_steps=20,
+    )  # fmt: skip
+
+
+SHARED_GPU_REFUSALS = (r"(RuntimeError|NotImplementedError|ValueError).*(not supported|does not support|unsupported"
+                       r"|Duplicate GPU)",)  # fmt: skip
+
+
+def sync_bn_check(ctx: Context) -> Check:
+    args = ["--model", "resnet18", *SMALL_CIFAR, *SGD, "--global-batch-size", "32", "--max-steps", "12"]
+    args += ["--log-every", "1", "--threads", "4"]
+
+    def ranks(label: str, *extra: str) -> Step:
+        out = ctx.work / "sync-bn" / label
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        argv = [
+            *torchrun,
+            "-m",
+            "benchmarks.gpu_probe",
+            "shared-gpu-rank",
+            *args,
+            *extra,
+            *FAST,
+            "--output-dir",
+            str(out),
+        ]
+        return Step(label, argv, {**GPU0, **DETERMINISTIC}, out, refusals=SHARED_GPU_REFUSALS)
+
+    steps = [_train("one", ctx, "sync-bn", *args, env=DETERMINISTIC), ranks("synced", "--sync-bn"), ranks("unsynced")]
+    return Check(
+        "sync-bn",
+        "two ranks on GPU 0 (gloo with CUDA tensors) with --sync-bn vs one process at the same global batch "
+        "(32 = 2 x 16), resnet18, 12 SGD steps; and the same two ranks without --sync-bn as the control",
+        f"synced ranks within {J.SYNC_BN_TOL:g} of one process, the control at least {J.SYNC_BN_CONTROL:g} away "
+        "(else the comparison proves nothing); 'not run' with torch's line if it refuses two ranks on one GPU",
+        TIMEOUTS["sync-bn"], steps, J.measure_sync_bn, J.judge_sync_bn,
+        exercises="CUDA SyncBatchNorm inside DDP across two processes (both on GPU 0, over gloo, not NCCL)",
+        expected_steps=12,
+    )  # fmt: skip
+
+
+def dp_check(ctx: Context) -> Check:
+    return Check(
+        "dp", "accel_train's AutocastDataParallel with device_ids=[0, 0]: two replicas, both on GPU 0",
+        f"two replica threads run on cuda:0 in bf16 under bf16 autocast, and an fp32 step's gradients are within "
+        f"{J.DP_TOL:g} of one module's; 'not run' with torch's reason if it refuses the duplicate device",
+        TIMEOUTS["dp"], [_probe("probe", ctx, "dp", "data-parallel", env=DETERMINISTIC)],
+        J.measure_data_parallel, J.judge_data_parallel,
+        exercises="the DataParallel wrapper's replica threads on CUDA (not a split across GPUs)",
+    )  # fmt: skip
+
+
+DEVICE_BATCH_GLOBAL = 32768
+
+
+def device_batch_check(ctx: Context) -> Check:
+    data = [*CIFAR_SHAPED, "--synthetic-size", str(2 * DEVICE_BATCH_GLOBAL), "--synthetic-test-size", "1024"]
+    args = ["--model", "resnet18", *data, "--global-batch-size", str(DEVICE_BATCH_GLOBAL), "--max-device-batch"]
+    args += ["auto", "--mixed-precision", "bf16", "--max-steps", "2", "--log-every", "1", "--no-checkpoint-epochs"]
+    return Check(
+        "device-batch",
+        f"--max-device-batch auto for a global batch of {DEVICE_BATCH_GLOBAL} (resnet18, bf16) with the data "
+        "on the GPU",
+        "the probe picks a micro-batch, the run uses it with micro x accumulation = the global batch, and the "
+        "dataset is still placed on the GPU after the probe",
+        TIMEOUTS["device-batch"], [_train("auto", ctx, "device-batch", *args)],
+        J.measure_device_batch, J.judge_device_batch,
+        exercises="the out-of-memory probe on a real GPU, then data placement", expected_steps=2,
+        global_batch=DEVICE_BATCH_GLOBAL,
+    )  # fmt: skip
+
+
+def dp_ddp_check(ctx: Context) -> Check:
+    gpus01 = ("--gpu_ids", "0,1")
+    steps = [
+        _train("dp", ctx, "dp_ddp", *SGD_LENET, config="dp.yaml", launch_args=gpus01, env=DETERMINISTIC),
+        _train("ddp", ctx, "dp_ddp", *SGD_LENET, config="multi_gpu.yaml",
+               launch_args=("--num_processes", "2", *gpus01), env=DETERMINISTIC),
+    ]  # fmt: skip
+    return Check(
+        "dp_ddp", "DataParallel (1 process, GPUs 0,1) vs DDP (2 processes), lenet, global batch 32, 20 steps",
+        f"both exit 0 and their weights are within {J.DDP_TOL:g}", TIMEOUTS["dp_ddp"], steps,
+        J.measure_dp_ddp, J.judge_dp_ddp, min_gpus=2, exercises="two GPUs: not in the one-GPU plan",
+    )  # fmt: skip
+
+
+BUILDERS = {
+    "setup": setup_check, "pytest": pytest_check, "throughput": throughput_check, "speedrun": speedrun_check,
+    "resume": resume_check, "fsdp": fsdp_check, "compile": compile_check, "ddp": ddp_check,
+    "sync-bn": sync_bn_check, "dp": dp_check, "device-batch": device_batch_check, "dp_ddp": dp_ddp_check,
+}  # fmt: skip
+
+
+def build_checks(ctx: Context, names: list[str] | tuple[str, ...] = CHECK_NAMES) -> list[Check]:
+    assert tuple(BUILDERS) == CHECK_NAMES
+    return [BUILDERS[n](ctx) for n in names]
+
+
+def fake_checks(ctx: Context) -> list[Check]:
+    """Tiny checks for the unit tests (``--fake-checks``): one passes, one sleeps until killed, one never starts."""
+
+    def step(label: str, code: str) -> Step:
+        return Step(label, [sys.executable, "-c", code])
+
+    def judge(m: dict[str, Any]) -> tuple[str, str]:
+        return PASS, "fine"
+
+    sleeper = "import os, time; print('b', 'started', os.getpid(), flush=True); time.sleep(120)"
+    spec = [("fake-a", "print('a done')", 30), ("fake-b", sleeper, 150), ("fake-c", "print('c done')", 30)]
+    return [Check(n, n, "exits 0", t, [step(n, code)], lambda ctx, o, c: {}, judge, min_s=1) for n, code, t in spec]
+
+
+# ---- the device plan ------------------------------------------------------------------------------------------
+def pinned_wheels() -> list[str]:
+    """The four wheels at constraints.txt's versions (the versions the suite last ran with)."""
+    pins = {}
+    path = REPO / "constraints.txt"
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        name, _, version = line.strip().partition("==")
+        if name.lower() in WHEEL_NAMES and version:
+            pins[name.lower()] = f"{name.lower()}=={version.strip()}"
+    return [pins.get(n, n) for n in WHEEL_NAMES]
+
+
+def download_line() -> str:
+    return (f"python3 -m pip download --no-deps --python-version 3.12 --only-binary=:all: -d {WHEELS_DIR} "
+            + " ".join(pinned_wheels()))  # fmt: skip
+
+
+def install_line() -> str:
+    return (f"python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "
+            f"{WHEELS_SITE} {WHEELS_DIR}/*.whl")  # fmt: skip
+
+
+def git_commit(repo: Path = REPO) -> str | None:
+    """HEAD, with ``-dirty`` when the tree differs from it; None without git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=30)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                               capture_output=True, text=True, timeout=30)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def device_plan(ctx: Context, commit: str | None = None) -> dict[str, Any]:
+    """The commands a session runs on the GPU machine, in order, each writing its own report under $OUT."""
+    commit = commit or git_commit() or "unknown"
+    checks = {c.name: c for c in build_checks(ctx)}
+    commands, rows = [], []
+    for folder, names in COMMANDS:
+        budget = sum(TIMEOUTS[n] for n in names)
+        run = f"PYTHONPATH=$PWD/{WHEELS_SITE}:$PWD PYTHONUNBUFFERED=1 python3 scripts/gpu_acceptance.py "
+        run += f"--only {','.join(names)} --budget-s {budget} --out $OUT/{folder} --commit {shlex.quote(commit)}"
+        commands.append({
+            "name": folder, "checks": list(names), "shell": f"{install_line()} && {run}",
+            "timeout_s": budget + COMMAND_MARGIN_S, "budget_s": budget, "out": f"$OUT/{folder}",
+        })  # fmt: skip
+        for n in names:
+            c = checks[n]
+            rows.append({"name": n, "command": folder, "timeout_s": c.timeout_s, "title": c.title,
+                         "passes_when": c.passes_when, "exercises": c.exercises,
+                         "steps": [s.shell() for s in c.steps]})  # fmt: skip
+    return {
+        "commit": commit,
+        "checks": rows,
+        "commands": commands,
+        "total_timeout_s": sum(c["timeout_s"] for c in commands),
+        "limits": {"per_command_s": DEVICE_COMMAND_MAX_S, "total_s": DEVICE_SESSION_MAX_S},
+        "wheels": pinned_wheels(),
+        "download": download_line(),
+        "install": install_line(),
+        "carry": [WHEELS_DIR],
+        "not_in_plan": {"dp_ddp": "needs two GPUs; run it with --only dp_ddp on a machine that has them"},
+    }
+
+
+def print_plan(plan: dict[str, Any], gpus: int | None) -> None:
+    here = "unknown (torch is not installed)" if gpus is None else str(gpus)
+    print(f"GPU acceptance plan for commit {plan['commit']} (--plan runs nothing; CUDA GPUs here: {here}).")
+    print(f"Carry the wheels: `{plan['download']}` here, then carry {plan['carry']}.")
+    print(f"{len(plan['commands'])} device commands, {plan['total_timeout_s']} s of timeouts in all:")
+    checks = {c["name"]: c for c in plan["checks"]}
+    for i, cmd in enumerate(plan["commands"], 1):
+        print(f"\n[{i}] {cmd['name']} (timeout_s {cmd['timeout_s']}): $ {cmd['shell']}")
+        for name in cmd["checks"]:
+            c = checks[name]
+            print(f"    {name}: {c['title']} (timeout {c['timeout_s']} s)")
+            print(f"      passes when: {c['passes_when']}")
+            for s in c["steps"]:
+                print(f"      $ {s}")
+
+
+# ---- the machine --------------------------------------------------------------------------------------------------
+# import name -> what pip installs (requirements.txt, plus pytest for the pytest check)
+REQUIRED = {
+    "torch": "torch", "torchvision": "torchvision", "accelerate": "accelerate", "datasets": "datasets",
+    "evaluate": "evaluate", "safetensors": "safetensors", "sklearn": "scikit-learn", "tqdm": "tqdm",
+    "tensorboard": "tensorboard", "matplotlib": "matplotlib", "yaml": "pyyaml", "PIL": "pillow", "pytest": "pytest",
+}  # fmt: skip
+
+
+def missing_packages() -> list[str]:
+    return [pip for module, pip in REQUIRED.items() if importlib.util.find_spec(module) is None]
+
+
+def cuda_gpus() -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SetupError(
+            "no CUDA GPU visible (torch.cuda.is_available() is False, CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}): run this on a GPU machine; --plan lists the checks "
+            "without one"
+        )
+    return torch.cuda.device_count()  # no CUDA context here: the children get the whole GPU
+
+
+def gpus_if_known() -> int | None:
+    if importlib.util.find_spec("torch") is None:
+        return None
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _nvidia_smi() -> dict[str, str]:
+    try:
+        proc = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    rows = [r.split(", ") for r in proc.stdout.strip().splitlines()] if proc.returncode == 0 else []
+    if not rows or len(rows[0]) < 3:
+        return {}
+    return {"device": ", ".join(sorted({r[0] for r in rows})), "driver": rows[0][1], "gpu_memory": rows[0][2]}
+
+
+def environment_info(gpus: int | None, commit: str | None) -> dict[str, Any]:
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    info: dict[str, Any] = {"started": datetime.now().astimezone().isoformat(timespec="seconds"), "gpus": gpus}
+    info.update(_nvidia_smi())
+    for package in ("torch", "accelerate", "datasets", "evaluate"):
+        try:
+            info[package] = version(package)
+        except PackageNotFoundError:
+            info[package] = None
+    info.update(python=platform.python_version(), host=platform.node())
+    info["git_commit"] = commit or (git_commit() or "unknown (no git here; pass --commit)")
+    return info
+
+
+# ---- the command --------------------------------------------------------------------------------------------------
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="gpu_acceptance.py",
+        description="Run accel_train's GPU checks on this machine and write OUT/acceptance.{json,md}.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--plan", action="store_true", help="print the device plan, run nothing")
+    parser.add_argument("--json", action="store_true", help="with --plan: the plan as JSON")
+    parser.add_argument("--only", help=f"comma-separated subset of: {', '.join(CHECK_NAMES)}")
+    parser.add_argument("--budget-s", type=float, default=540.0, help="stop starting checks after this long")
+    parser.add_argument("--out", default=str(DEFAULT_OUT), help="folder for acceptance.json/.md and the logs")
+    parser.add_argument("--work", default=str(DEFAULT_WORK), help="run folders go to WORK/<time>/")
+    parser.add_argument("--commit", help="the git commit to report when this tree has no .git")
+    parser.add_argument("--wheels", metavar="DIR", help="first install DIR/*.whl (no dependencies) into DIR/site")
+    parser.add_argument("--fake-checks", action="store_true", help=argparse.SUPPRESS)  # the unit tests' tiny checks
+    return parser.parse_args(argv)
+
+
+def selected(only: str | None) -> list[str]:
+    """The checks to run, in plan order; without --only all but the two-GPU one on a one-GPU machine."""
+    names = [n.strip() for n in (only or "").split(",") if n.strip()] or list(CHECK_NAMES)
+    unknown = sorted(set(names) - set(CHECK_NAMES))
+    if unknown:
+        raise SetupError(f"--only: unknown check(s) {', '.join(unknown)}; choose from {', '.join(CHECK_NAMES)}")
+    return [n for n in CHECK_NAMES if n in names]
+
+
+def install_wheels(wheels: Path) -> None:
+    """``pip install --no-index --no-deps --target DIR/site DIR/*.whl``: the missing packages only, never the
+    image's own (the resolver could fail on datasets' pins against them)."""
+    files = sorted(str(p) for p in wheels.glob("*.whl"))
+    if not files:
+        raise SetupError(f"--wheels {wheels}: no .whl files there; make them with: {download_line()}")
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--upgrade",
+           "--target", str(wheels / "site"), *files]  # fmt: skip
+    if subprocess.run(cmd, cwd=REPO).returncode != 0:
+        raise SetupError(f"installing {len(files)} wheels from {wheels} failed (pip's message is above)")
+
+
+def _reexec_with(site: Path, argv: list[str]) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO), os.environ.get("PYTHONPATH", "")])}
+    sys.stdout.flush()
+    script = REPO / "scripts" / "gpu_acceptance.py"
+    os.execve(sys.executable, [sys.executable, str(script), *argv], env)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    ctx = Context(Path(args.work).resolve() / stamp, Path(args.out).resolve(), None, args.budget_s)
+    try:
+        if args.plan:
+            ctx.gpus = gpus_if_known()
+            plan = device_plan(ctx, args.commit)
+            print(json.dumps(plan, indent=2)) if args.json else print_plan(plan, ctx.gpus)
+            return 0
+        if args.fake_checks:
+            checks = fake_checks(ctx)
+        else:
+            if args.wheels and not os.environ.get("GPU_ACCEPTANCE_WHEELS"):
+                install_wheels(Path(args.wheels).resolve())
+                os.environ["GPU_ACCEPTANCE_WHEELS"] = "1"
+                _reexec_with(Path(args.wheels).resolve() / "site", _without_wheels(argv))
+            checks = build_checks(ctx, selected(args.only))
+            missing = missing_packages()
+            if missing:
+                raise SetupError(
+                    f"missing Python packages: {', '.join(missing)}; carry the wheels (docs/gpu/README.md)"
+                )
+            ctx.gpus = cuda_gpus()
+    except SetupError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    info = environment_info(ctx.gpus, args.commit)
+    print(f"{info.get('device', 'no GPU')} x {ctx.gpus}, torch {info['torch']}, accelerate {info['accelerate']}; "
+          f"report: {ctx.out}", flush=True)  # fmt: skip
+    try:
+        results = run_all(checks, ctx, info, echo=lambda line: print(line, flush=True))
+    except Interrupted as stop:
+        print(f"interrupted ({stop}); the report in {ctx.out} holds the checks done so far", flush=True)
+        return 128 + stop.signum
+    print(counts_line(results))
+    return exit_code(results)
+
+
+def _without_wheels(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--wheels":
+            skip = True
+        elif not a.startswith("--wheels="):
+            out.append(a)
+    return out

@@ -1,0 +1,514 @@
+"""Issue 25: the GPU acceptance, without a GPU.
+
+The plan fits the lent machine (each command within 570 s, all within 1650 s, the required checks named);
+a run killed with SIGKILL leaves a report of the checks done so far; a check cut by the budget or its
+timeout is "not run", never "pass" or "fail"; and every judge fails on a deliberately wrong result (an
+honest check is one seen failing). The resume judge is also shown failing on a real wrong run on the CPU:
+a checkpoint whose RNG state was swapped for another one, which accelerate restores without complaint.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, fit_small
+
+from benchmarks import gpu_judges as J
+from benchmarks import gpu_runner as R
+from benchmarks import gpu_suite as S
+
+REQUIRED = {"pytest", "throughput", "resume", "fsdp", "ddp", "sync-bn", "compile", "speedrun"}
+
+
+# ---- the plan -------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def plan() -> dict:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert S.main(["--plan", "--json", "--commit", "abc1234"]) == 0
+    return json.loads(out.getvalue())
+
+
+def test_plan_commands_fit_one_device_session(plan):
+    commands = plan["commands"]
+    assert all(c["timeout_s"] <= 570 for c in commands), [(c["name"], c["timeout_s"]) for c in commands]
+    assert sum(c["timeout_s"] for c in commands) == plan["total_timeout_s"] <= 1650
+    names = [n for c in commands for n in c["checks"]]
+    assert REQUIRED <= set(names) and len(names) == len(set(names))  # every check once
+    assert [c["name"] for c in plan["checks"]] == names
+    timeouts = {c["name"]: c["timeout_s"] for c in plan["checks"]}
+    for c in commands:
+        # the checks' own timeouts fit the command's budget, and the budget leaves room for start-up and the report
+        assert sum(timeouts[n] for n in c["checks"]) == c["budget_s"] < c["timeout_s"]
+        shell = c["shell"]
+        assert len(shell) < 2000  # the device tool's limit on one command line
+        assert shell.startswith(plan["install"] + " && ")
+        assert f"--only {','.join(c['checks'])} " in shell and f"--budget-s {c['budget_s']} " in shell
+        assert f"--out $OUT/{c['name']} " in shell and shell.endswith("--commit abc1234")
+        assert "PYTHONPATH=$PWD/.whl/site:$PWD " in shell
+    assert len({c["name"] for c in commands}) == len(commands)  # each writes its own report folder
+    readme = (REPO / "docs" / "gpu" / "README.md").read_text()  # the documented plan is today's plan
+    assert f"**{plan['total_timeout_s']}**" in readme
+    for i, c in enumerate(commands, 1):
+        assert f"| {i} | `$OUT/{c['name']}` |" in readme and f"| {c['budget_s']} | {c['timeout_s']} |" in readme
+
+
+def test_plan_carries_four_wheels_installed_without_dependencies(plan):
+    assert [w.split("==")[0] for w in plan["wheels"]] == ["datasets", "evaluate", "dill", "multiprocess"]
+    assert plan["download"].startswith("python3 -m pip download --no-deps --python-version 3.12 --only-binary=:all:")
+    assert plan["download"].split(" -d .whl ")[1].split() == plan["wheels"]
+    assert "--no-index --no-deps" in plan["install"] and "--target .whl/site .whl/*.whl" in plan["install"]
+    assert plan["carry"] == [".whl"]
+    assert "/.whl/" in (REPO / ".gitignore").read_text().splitlines()  # they travel only when carried
+    if (REPO / ".git").exists():
+        paths = [".whl/datasets-5.2.0-py3-none-any.whl", ".whl/site/datasets/__init__.py"]
+        ignored = subprocess.run(["git", "check-ignore", *paths], cwd=REPO, capture_output=True, text=True)
+        assert ignored.stdout.split() == paths
+
+
+def test_plan_text_names_every_check_and_command(capsys):
+    assert S.main(["--plan"]) == 0
+    text = capsys.readouterr().out
+    for name in REQUIRED:
+        assert f"    {name}: " in text
+    for flag in ("--no-tf32", "--mixed-precision fp16", "fsdp.yaml --num_processes 1", "--compile", "--sync-bn"):
+        assert flag in text, flag
+    assert "shared-gpu-rank" in text and "data-parallel" in text and "--max-device-batch auto" in text
+
+
+def test_every_check_has_a_timeout_and_the_default_budget_fits_one_command():
+    ctx = R.Context(Path("work"), Path("out"), 1, 0)
+    checks = S.build_checks(ctx)
+    assert [c.name for c in checks] == list(S.CHECK_NAMES)
+    assert all(0 < c.timeout_s <= 570 for c in checks)
+    assert S.parse_args([]).budget_s < 570
+
+
+def test_without_cuda_the_run_is_one_line_and_exit_2(tmp_path, capsys):
+    assert S.main(["--only", "resume", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: no CUDA GPU") and "--plan" in err[0]
+    assert S.main(["--only", "nonsense"]) == 2
+    assert "unknown check(s) nonsense" in capsys.readouterr().err
+
+
+# ---- reports that survive a kill -----------------------------------------------------------------------------
+def _report(out: Path) -> dict | None:
+    try:
+        return json.loads((out / "acceptance.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def test_a_killed_acceptance_leaves_a_report_of_the_checks_done_so_far(tmp_path):
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(REPO / "scripts" / "gpu_acceptance.py"), "--fake-checks", "--out", str(out),
+           "--work", str(tmp_path / "work"), "--budget-s", "300"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    sleeper = None
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            data = _report(out)
+            if data and data["checks"][1]["status"] == R.INTERRUPTED and _sleeper(out):
+                break  # fake-a is done, fake-b is running and its output is already in its log
+            time.sleep(0.05)
+        else:
+            pytest.fail(f"the acceptance never reached fake-b: {proc.poll()} {proc.stderr.read()[-2000:]!r}")
+        sleeper = _sleeper(out)
+        proc.send_signal(signal.SIGKILL)  # nothing can be written after this
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if sleeper:
+            _kill(sleeper)
+    data = _report(out)
+    statuses = {c["name"]: c["status"] for c in data["checks"]}
+    assert statuses == {"fake-a": "pass", "fake-b": "not run (interrupted)", "fake-c": "not run (not reached)"}
+    assert data["counts"] == {"pass": 1, "fail": 0, "not run": 2} and data["environment"]["state"] == "running"
+    md = (out / "acceptance.md").read_text()
+    assert "| fake-b | not run (interrupted) |" in md and "1 passed, 0 failed, 2 not run" in md
+    assert "a done" in _text(out / "fake-a.log")
+
+
+def _sleeper(out: Path) -> int | None:
+    """The pid fake-b printed once it started (its output is in its log while it runs), or None."""
+    hit = re.search(r"^b started (\d+)$", _text(out / "fake-b.log"), re.M)
+    return int(hit.group(1)) if hit else None
+
+
+def _text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.is_file() else ""
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def test_sigterm_stops_the_child_and_writes_the_report(tmp_path):
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(REPO / "scripts" / "gpu_acceptance.py"), "--fake-checks", "--out", str(out),
+           "--work", str(tmp_path / "work")]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not _sleeper(out) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    sleeper = _sleeper(out)
+    proc.send_signal(signal.SIGTERM)
+    stdout, _ = proc.communicate(timeout=30)
+    try:
+        assert proc.returncode == 128 + signal.SIGTERM and "interrupted (SIGTERM)" in stdout
+        with pytest.raises(ProcessLookupError):
+            os.kill(sleeper, 0)  # the running check's child was stopped with it
+    finally:
+        _kill(sleeper)
+    data = _report(out)
+    assert data["environment"]["state"] == "interrupted by SIGTERM"
+    assert [c["status"] for c in data["checks"]] == ["pass", "not run (interrupted)", "not run (not reached)"]
+
+
+def _check(name: str, code: str, timeout: int = 30, judge=None, **kw) -> R.Check:
+    judge = judge or (lambda m: (R.PASS, "fine"))
+    return R.Check(name, name, "never", timeout, [R.Step("s", [sys.executable, "-c", code], **kw)],
+                   lambda ctx, outputs, check: {"out": outputs["s"].output}, judge, min_s=1)  # fmt: skip
+
+
+def test_a_cut_by_the_budget_or_a_timeout_is_not_run_never_fail_or_pass(tmp_path):
+    ctx = R.Context(tmp_path / "work", tmp_path / "out", 1, budget_s=3)
+    checks = [
+        _check("quick", "print('ok')"),
+        _check("own-timeout", "import time; print('slow', flush=True); time.sleep(30)", timeout=1),
+        _check("budget", "import time; time.sleep(30)"),
+        _check("late", "print('never')"),
+    ]
+    results = R.run_all(checks, ctx, {"gpus": 1}, echo=lambda line: None)
+    assert [r.status for r in results] == [R.PASS, R.TIMEOUT, R.BUDGET, R.BUDGET]
+    assert "its 1 s timeout" in results[1].detail and "the total budget" in results[2].detail
+    assert "slow" in (ctx.out / "own-timeout.log").read_text()  # what it printed before the kill
+    assert R.exit_code(results) == 0 and R.counts(results) == {"pass": 1, "fail": 0, "not run": 3}
+    data = json.loads((ctx.out / "acceptance.json").read_text())
+    assert [c["status"] for c in data["checks"]] == [
+        "pass",
+        "not run (timeout)",
+        "not run (budget)",
+        "not run (budget)",
+    ]
+    assert data["environment"]["state"] == "finished"
+
+
+def test_exits_refusals_and_unreadable_runs_become_results(tmp_path):
+    ctx = R.Context(tmp_path / "work", tmp_path / "out", gpus=1, budget_s=600)
+    deadline = time.monotonic() + 600
+    failed = R.run_check(_check("f", "import sys; sys.exit('error: the disk is full')"), ctx, deadline)
+    assert (failed.status, failed.detail) == (R.FAIL, "s exited 1: error: the disk is full")
+    refused = _check("r", "import sys; sys.exit('RuntimeError: Duplicate GPU detected')", refusals=(r"Duplicate GPU",))
+    result = R.run_check(refused, ctx, deadline)
+    assert result.status == R.NOT_RUN and "torch refused it here: RuntimeError: Duplicate GPU" in result.detail
+
+    def broken(m):
+        raise FileNotFoundError("summary.json")
+
+    assert "could not judge" in R.run_check(_check("b", "print(1)", judge=broken), ctx, deadline).detail
+    two = R.run_check(R.Check("two", "t", "", 30, [], None, None, min_gpus=2), ctx, deadline)
+    assert (two.status, two.detail) == (R.NOT_RUN, "needs 2 GPUs; this machine has 1")
+
+
+def test_the_report_never_counts_a_check_that_did_not_run_as_passed(tmp_path):
+    runs = {"fp32": {"samples_per_s": 12345.6, "mfu": 0.123, "peak_memory_mb": 2048.0}}
+    results = [
+        R.CheckResult("pytest", R.PASS, duration_s=61.0),
+        R.CheckResult("throughput", R.PASS, duration_s=90.0, metrics={"runs": runs}),
+        R.CheckResult("fsdp", R.FAIL, detail="resumed exited 1: boom | pipe"),
+        R.CheckResult("dp", R.NOT_RUN, detail="torch refused DataParallel(device_ids=[0, 0]): ValueError: x"),
+        R.CheckResult("compile", R.BUDGET, detail="cut"),
+    ]
+    R.write_report(results, {"device": "NVIDIA H100 80GB HBM3", "gpus": 1, "state": "finished"}, tmp_path)
+    data = json.loads((tmp_path / "acceptance.json").read_text())
+    assert data["counts"] == {"pass": 2, "fail": 1, "not run": 2}
+    md = (tmp_path / "acceptance.md").read_text()
+    assert "**One GPU.**" in md and "not exercised" in md  # the headline says what one GPU cannot show
+    assert "| dp | not run |" in md and "| compile | not run (budget) |" in md and "boom \\| pipe" in md
+    assert "| fp32 | 12,346 |" in md and "2 passed, 1 failed, 2 not run" in md
+    assert R.exit_code(results) == 1 and R.exit_code([results[0], results[3], results[4]]) == 0
+
+
+# ---- every judge fails on a deliberately wrong result -----------------------------------------------------------
+def _wrong(good: dict, **changes) -> dict:
+    """``good`` with nested changes: ``runs__fp16__loss_scale=None`` sets good["runs"]["fp16"]["loss_scale"]."""
+    bad = copy.deepcopy(good)
+    for path, value in changes.items():
+        *parents, key = path.split("__")
+        target = bad
+        for p in parents:
+            target = target[p]
+        target[key] = value
+    return bad
+
+
+def _run(steps: int, **kw) -> dict:
+    return {"global_step": steps, "eval_loss": 2.1, "device": "cuda:0", "mixed_precision": "no", **kw}
+
+
+def _judged(judge, good: dict, wrongs: dict[str, dict]) -> None:
+    status, detail = judge(good)
+    assert status == R.PASS, detail
+    for why, bad in wrongs.items():
+        status, detail = judge(bad)
+        assert status == R.FAIL, (why, detail)
+
+
+def test_setup_judge_fails_when_a_wheel_does_not_import_or_no_gpu():
+    good = {"seconds": {"torch": 3.0, "evaluate": 2.0}, "errors": {}, "metric_accuracy": 2 / 3,
+            "transformers_imported_by_evaluate": True, "cuda": {"available": True, "device": "H100"}}  # fmt: skip
+    _judged(J.judge_setup, good, {
+        "datasets missing": _wrong(good, errors={"datasets": "ModuleNotFoundError: No module named 'datasets'"}),
+        "no GPU": _wrong(good, cuda={"available": False}),
+        "metric wrong": _wrong(good, metric_accuracy=1.0),
+    })  # fmt: skip
+
+
+def test_pytest_judge_fails_on_failures_and_on_nothing_passed_even_when_killed():
+    done = "tests/test_gpu.py::a PASSED [ 50%]\ntests/test_gpu.py::b PASSED [100%]\n"
+    done += "==== 2 passed, 600 deselected in 9.1s ===="
+    good = J.pytest_counts(done, 0)
+    assert (good["passed"], good["deselected"], good["finished"]) == (2, 600, True)
+    failed = "FAILED tests/test_gpu.py::b - assert 0\n==== 1 failed, 1 passed in 9.1s ===="
+    skipped = "==== 3 skipped, 600 deselected in 2.0s ===="
+    killed = "[gw0] [ 50%] PASSED tests/test_gpu.py::a \n[gw1] [ 60%] FAILED tests/test_gpu.py::b \n"
+    partial = J.pytest_counts(killed, None)
+    assert (partial["passed"], partial["failed"], partial["finished"]) == (1, 1, False)
+    _judged(J.judge_pytest, good, {
+        "a test failed": J.pytest_counts(failed, 1),
+        "everything skipped": J.pytest_counts(skipped, 0),
+        "exit code": {**good, "returncode": 3},
+        "killed half-way": partial,
+    })  # fmt: skip
+
+
+def _throughput_good() -> dict:
+    rows = {
+        "fp32": _run(200, tf32=False, samples_per_s=9000.0, loss_scale=None),
+        "tf32": _run(200, tf32=True, samples_per_s=15000.0, loss_scale=None),
+        "bf16": _run(200, mixed_precision="bf16", tf32=True, samples_per_s=30000.0, loss_scale=None),
+        "fp16": _run(200, mixed_precision="fp16", tf32=True, samples_per_s=29000.0, loss_scale=32768.0,
+                     fp16_skipped_steps=2),
+    }  # fmt: skip
+    return J.throughput_metrics({"train_flops_per_sample": 1.7e9, "peak_bf16_tflops": 790.0}, rows, 200)
+
+
+def test_throughput_judge_needs_true_fp32_separate_tf32_and_a_real_fp16_loss_scale():
+    good = _throughput_good()
+    assert good["speedup_vs_fp32"]["bf16"] == pytest.approx(3.333, abs=1e-3)
+    assert good["speedup_vs_tf32"]["bf16"] == 2.0 and good["runs"]["bf16"]["mfu"] > 0
+    wrongs = {
+        "fp32 was TF32": _wrong(good, runs__fp32__tf32=True),
+        "no tf32 row": {**good, "runs": {k: v for k, v in good["runs"].items() if k != "tf32"}},
+        "fp16 without a scale": _wrong(good, runs__fp16__loss_scale=None),
+        "fp16 scale not a GradScaler's": _wrong(good, runs__fp16__loss_scale=1000.0),
+        "fp16 ran as bf16": _wrong(good, runs__fp16__mixed_precision="bf16"),
+        "fp16 skipped most steps": _wrong(good, runs__fp16__fp16_skipped_steps=150),
+        "skips not counted": _wrong(good, runs__fp16__fp16_skipped_steps=None),
+        "bf16 on the CPU": _wrong(good, runs__bf16__device="cpu"),
+        "NaN loss": _wrong(good, runs__tf32__eval_loss=math.nan),
+        "short run": _wrong(good, runs__bf16__global_step=150),
+    }
+    _judged(J.judge_throughput, good, wrongs)
+
+
+def _resume_good() -> dict:
+    return {
+        "device": "cuda:0", "global_steps": [40, 40], "expected_steps": 40, "stop_at": 17,
+        "weights_max_abs_diff": 0.0, "optimizer_max_abs_diff": 0.0, "checkpoint_steps": [40, 40],
+        "rng": {"cpu": {"advanced": False, "equal": True}, "cuda": {"advanced": True, "equal": True}},
+        "data_order": {"batches": [40, 17, 23], "max_rel_diff": 0.0}, "resume_reported": True, "restore_errors": [],
+    }  # fmt: skip
+
+
+def test_resume_judge_fails_on_weights_optimizer_order_and_an_rng_nothing_used():
+    good = _resume_good()
+    _judged(J.judge_resume, good, {
+        "weights": _wrong(good, weights_max_abs_diff=3e-3),
+        "optimizer": _wrong(good, optimizer_max_abs_diff=1e-3),
+        "order": _wrong(good, data_order__max_rel_diff=0.02),
+        "missing batches": _wrong(good, data_order={"batches": [40, 17, 20], "max_rel_diff": math.inf}),
+        "CUDA RNG not restored": _wrong(good, rng__cuda__equal=False),
+        "nothing used the CUDA RNG": _wrong(good, rng__cuda__advanced=False),
+        "no CUDA RNG saved": _wrong(good, rng={"cpu": {"advanced": True, "equal": True}}),
+        "restore error": _wrong(good, restore_errors=["rank 0's random state is not restored (x)"]),
+        "silent fresh start": _wrong(good, resume_reported=False),
+        "short": _wrong(good, global_steps=[40, 39]),
+    })  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cpu_resume_runs(tmp_path_factory):
+    """The resume check's runs on the CPU, where F.dropout draws from the CPU RNG: straight, stopped at 7 then
+    resumed; and the same stop resumed from a checkpoint whose RNG state was swapped for a valid other one."""
+    import torch
+
+    from accel_train.checkpoint.verify import RNG_FILE, safe_torch_load
+
+    root = tmp_path_factory.mktemp("cpu_resume")
+    args = ["--model", "benchmarks.gpu_models:dropout_net", "--optimizer", "sgd", "--lr", "0.05", "--max-steps", "20"]
+    mp = pytest.MonkeyPatch()
+    try:
+        for label, extra, run in (("straight", [], "straight"), ("stopped", ["--stop-at-step", "7"], "resumed")):
+            mp.setenv("GPU_PROBE_RECORD", str(root / f"{label}.jsonl"))
+            fit_small(root / run, *args, *extra)
+        shutil.copytree(root / "resumed", root / "wrong")
+        shutil.copy(root / "stopped.jsonl", root / "wrong_stopped.jsonl")
+        rng_file = root / "wrong" / "checkpoints" / "step_00000007" / RNG_FILE.format(0)
+        state = safe_torch_load(rng_file)
+        state["torch_manual_seed"] = torch.Generator().manual_seed(1234).get_state()  # valid, and wrong
+        torch.save(state, rng_file)
+        for label in ("resumed", "wrong"):
+            mp.setenv("GPU_PROBE_RECORD", str(root / f"{label}.jsonl"))
+            fit_small(root / label, *args, "--resume", "auto")
+    finally:
+        mp.undo()
+    return root
+
+
+def _cpu_measure(root: Path, run: str) -> dict:
+    stopped = "wrong_stopped" if run == "wrong" else "stopped"
+    records = [str(root / f"{label}.jsonl") for label in ("straight", stopped, run)]
+    return J.resume_measurements(root / "straight", root / run, "resumed from step 7", records, 7, 20)
+
+
+def test_resume_measure_on_real_cpu_runs_passes_a_good_resume_and_fails_a_swapped_rng(cpu_resume_runs):
+    good = _cpu_measure(cpu_resume_runs, "resumed")
+    assert good["rng"]["cpu"] == {"advanced": True, "equal": True}  # F.dropout used the CPU RNG, and it came back
+    assert good["data_order"]["batches"] == [20, 7, 13] and good["optimizer_tensors"] > 0
+    assert J.judge_resume(good)[0] == R.PASS, J.judge_resume(good)
+    wrong = _cpu_measure(cpu_resume_runs, "wrong")
+    status, detail = J.judge_resume(wrong)
+    assert status == R.FAIL and "the cpu RNG state at the end differs" in detail and "weights differ" in detail
+    assert wrong["data_order"]["max_rel_diff"] == 0.0  # the same batches: only the dropout masks changed
+
+
+def _fsdp_good() -> dict:
+    run = _run(12, distributed_type="FSDP", world_size=1)
+    return {"straight": run, "resumed": dict(run), "expected_steps": 12, "resume_reported": True,
+            "resumed_vs_straight": 2e-6, "export_vs_checkpoint": 0.0, "checkpoint_step": 12,
+            "keys_vs_model": []}  # fmt: skip
+
+
+def test_fsdp_judge_fails_on_a_diverged_resume_a_stale_export_and_wrong_keys():
+    good = _fsdp_good()
+    _judged(J.judge_fsdp, good, {
+        "resume diverged": _wrong(good, resumed_vs_straight=4e-3),
+        "export is not the checkpoint": _wrong(good, export_vs_checkpoint=1e-3),
+        "checkpoint unreadable": _wrong(good, export_vs_checkpoint=math.inf, merge_error="ValueError: x"),
+        "a shard exported": _wrong(good, keys_vs_model=["fc.weight: (5, 512) torch.float32"]),
+        "not FSDP": _wrong(good, resumed__distributed_type="NO"),
+        "no resume": _wrong(good, resume_reported=False),
+    })  # fmt: skip
+
+
+def test_compile_judge_fails_when_nothing_compiled_or_the_resume_diverged():
+    good = {"eager": _run(20), "compiled": _run(20), "compile_flag": True, "expected_steps": 20,
+            "resume_reported": True, "compiled_vs_eager": 3e-7, "wrapped_keys": [], "inductor_files": 12}  # fmt: skip
+    _judged(J.judge_compile, good, {
+        "nothing compiled": _wrong(good, inductor_files=0),
+        "flag off": _wrong(good, compile_flag=False),
+        "diverged": _wrong(good, compiled_vs_eager=5e-3),
+        "wrapped keys": _wrong(good, wrapped_keys=["_orig_mod.conv1.weight"]),
+        "no resume": _wrong(good, resume_reported=False),
+    })  # fmt: skip
+
+
+def test_ddp_judge_fails_without_nccl_or_a_world_size_one_ddp():
+    good = {"plain": _run(20, distributed_type="NO", world_size=1),
+            "ddp": _run(20, distributed_type="MULTI_GPU", world_size=1),
+            "expected_steps": 20, "nccl_initialised": True, "ddp_vs_plain": 0.0}  # fmt: skip
+    _judged(J.judge_ddp, good, {
+        "no NCCL": _wrong(good, nccl_initialised=False),
+        "not DDP": _wrong(good, ddp__distributed_type="NO"),
+        "diverged": _wrong(good, ddp_vs_plain=1e-3),
+    })  # fmt: skip
+
+
+def test_sync_bn_judge_fails_when_the_control_does_not_differ():
+    good = {"one": _run(12, world_size=1, global_batch=32), "synced": _run(12, world_size=2, global_batch=32),
+            "unsynced": _run(12, world_size=2, global_batch=32), "expected_steps": 12, "converted": True,
+            "synced_vs_one": 5e-7, "unsynced_vs_one": 2e-2}  # fmt: skip
+    _judged(J.judge_sync_bn, good, {
+        "synced differs": _wrong(good, synced_vs_one=1e-2),
+        "control proves nothing": _wrong(good, unsynced_vs_one=1e-5),
+        "not converted": _wrong(good, converted=False),
+        "one rank": _wrong(good, synced__world_size=1),
+        "other batch": _wrong(good, synced__global_batch=64),
+    })  # fmt: skip
+
+
+def test_data_parallel_judge_fails_on_wrong_threads_dtype_or_gradients_and_reports_a_refusal():
+    good = {"replica_calls": 2, "replica_threads": 2, "main_thread_ran_a_replica": False,
+            "replica_devices": ["cuda:0"], "replica_dtypes": ["torch.bfloat16"], "grad_max_abs_diff": 0.0,
+            "grad_max_abs": 0.3}  # fmt: skip
+    _judged(J.judge_data_parallel, good, {
+        "fp16 replicas": _wrong(good, replica_dtypes=["torch.float16"]),
+        "one thread": _wrong(good, replica_threads=1),
+        "double-counted gradient": _wrong(good, grad_max_abs_diff=0.3),
+        "on the host": _wrong(good, replica_devices=["cpu:None"]),
+    })  # fmt: skip
+    status, detail = J.judge_data_parallel({"refused": "AssertionError: duplicate device ids"})
+    assert status == R.NOT_RUN and "duplicate device ids" in detail
+
+
+def test_device_batch_judge_fails_when_the_data_stays_on_the_host_or_the_split_is_wrong():
+    good = {**_run(2, mixed_precision="bf16"), "expected_steps": 2, "expected_global_batch": 32768,
+            "global_batch": 32768, "micro_batch": 8192, "accum_steps": 4, "probed_micro_batch": 8192,
+            "data_on_device": True}  # fmt: skip
+    _judged(J.judge_device_batch, good, {
+        "data on the host": _wrong(good, data_on_device=False),
+        "no probe": _wrong(good, probed_micro_batch=None),
+        "ignored the probe": _wrong(good, micro_batch=4096, accum_steps=8),
+        "lost samples": _wrong(good, accum_steps=2),
+    })  # fmt: skip
+
+
+def test_speedrun_judge_needs_augmentation_on_the_device_and_a_warm_up():
+    good = {**_run(648, mixed_precision="bf16"), "data_on_device": True, "augment": "random_crop(2)+hflip",
+            "train_time_s": 9.5, "samples_per_s": 70000.0,
+            "probe": {"same_process": True, "warmup_steps": 60, "cudnn_benchmark": True}}  # fmt: skip
+    _judged(J.judge_speedrun, good, {
+        "synthetic (no augmentation)": _wrong(good, augment=None),
+        "data on the host": _wrong(good, data_on_device=False),
+        "no warm-up": _wrong(good, probe={"same_process": True, "warmup_steps": 0, "cudnn_benchmark": True}),
+        "short": _wrong(good, global_step=600),
+        "fp32": _wrong(good, mixed_precision="no"),
+    })  # fmt: skip
+
+
+def test_dp_ddp_judge_fails_on_diverged_weights():
+    good = {"layout": [True, 1, 2], "dp_vs_ddp": 1e-7}
+    _judged(
+        J.judge_dp_ddp, good, {"diverged": _wrong(good, dp_vs_ddp=1e-3), "layout": _wrong(good, layout=[False, 1, 2])}
+    )
+
+
+def test_tensor_diff_refuses_to_compare_different_keys_or_shapes():
+    import torch
+
+    a = {"module.w": torch.zeros(2), "b": torch.ones(1)}
+    assert J.tensor_diff(a, {"w": torch.zeros(2), "_orig_mod.b": torch.ones(1) * 1.5}) == 0.5  # prefixes ignored
+    assert J.tensor_diff(a, {"w": torch.zeros(2)}) == math.inf
+    assert J.tensor_diff(a, {"w": torch.zeros(3), "b": torch.ones(1)}) == math.inf
