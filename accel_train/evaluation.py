@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +18,7 @@ from torch import nn
 from accel_train.config import TrainConfig
 from accel_train.data.pipeline import BatchNormalizer
 from accel_train.errors import CheckpointError, UserError
-from accel_train.fsio import atomic_write
+from accel_train.fsio import atomic_write, writing
 from accel_train.metrics import confusion_matrix
 
 #: How this program's dataset errors say to fetch missing files: evaluation never downloads.
@@ -121,11 +122,10 @@ def run_evaluation(
         "mixed_precision": acc.mixed_precision,
         "tta": tta,
     }
-    report = _finite_json(report, str(weights))
     if rt.is_main:
+        report = _finite_json(report, str(weights))
         if out:
-            text = json.dumps(report, indent=2, allow_nan=False)
-            atomic_write(out, lambda tmp: Path(tmp).write_text(text), "the evaluation report")
+            _write_report(out, report)
         if confusion_png:
             from accel_train.plots import plot_confusion_matrix
 
@@ -177,6 +177,15 @@ def evaluate_model(
     if with_confusion:
         out["confusion"] = confusion_matrix(preds, refs, num_classes)
     return out
+
+
+def _write_report(out: str, report: dict[str, Any]) -> None:
+    """The JSON report, written whole or not at all (where ``out`` really leads: a link stays a link)."""
+    text = json.dumps(report, indent=2, allow_nan=False) + "\n"
+    real = Path(os.path.realpath(Path(out).expanduser()))
+    with writing(real, "the evaluation report"):
+        real.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(real, lambda tmp: Path(tmp).write_text(text), "the evaluation report")
 
 
 def _finite_json(report: dict[str, Any], weights: str) -> dict[str, Any]:

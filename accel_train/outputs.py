@@ -2,15 +2,19 @@
 chart, convert's export folder): checked before any work is done, in one line each.
 
 Refused: an existing file without ``--overwrite``; a folder where a file is wanted (or a file where a folder is
-wanted); a path under a file; a broken or looping link; a place that cannot be written (no permission, a
-read-only file system); a wrong extension; one of the command's own inputs; and anything that belongs to a run
-(``run_dir.OUTPUTS`` inside a folder holding an accel_train run: its summary, weights, checkpoints, ...). A new
-file beside a run (``RUN/eval.json``) is fine. Light: no torch.
+wanted); a path under a file; a broken or looping symbolic link anywhere on the path; a place that cannot be
+written (no permission, a read-only file system); a wrong extension; one of the command's own inputs (a file, or
+anything inside an input folder); and anything that belongs to a run (a name of ``run_dir.OUTPUTS`` directly
+inside a folder holding an accel_train run: its summary, weights, checkpoints, ...), even with ``--overwrite``.
+A new file beside a run (``RUN/eval.json``) is fine. Links are followed: what is compared is where the path
+really leads, and the writers write there (:func:`real_path`). Light: no torch.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -18,85 +22,139 @@ from accel_train.errors import UserError
 from accel_train.limits import file_kind
 from accel_train.run_dir import MARKER, OUTPUTS
 
+PathLike = str | os.PathLike
+
 
 def check_output_file(
-    path: str | os.PathLike,
+    path: PathLike,
     flag: str,
+    *,
     suffixes: Sequence[str],
     overwrite: bool = False,
-    inputs: Iterable[str | os.PathLike] = (),
+    inputs: Iterable[PathLike] = (),
+    runs: Iterable[PathLike] = (),
 ) -> Path:
-    """Refuse ``path`` as ``flag``'s output file (see the module docstring); returns it, ``~`` expanded."""
-    out = Path(path).expanduser()
-    if out.suffix.lower() not in suffixes:
-        raise UserError(f"{flag} {path}: the file name must end in {' or '.join(suffixes)}; e.g. {flag} report"
-                        f"{suffixes[0]}")  # fmt: skip
-    real = _resolve(out, flag)
-    _refuse_inputs_and_runs(real, flag, path, inputs)
-    if os.path.lexists(out):
-        mode = os.stat(real).st_mode if real.exists() else None
-        if mode is None:
-            raise UserError(f"{flag} {path} is a broken symbolic link; remove it or choose another path")
-        if not _is_regular(mode):
-            raise UserError(f"{flag} {path} is {file_kind(mode)}; give a file name, e.g. {out / ('out' + suffixes[0])}")
-        if not overwrite:
-            raise UserError(f"{flag} {path} already exists; pass --overwrite to replace it, or choose another path")
-    _check_writable(out, flag, path)
-    return out
+    """Refuse ``path`` as ``flag``'s output file (see the module docstring); returns where it really leads.
+
+    ``inputs``: files and folders the command reads (nothing is written onto or inside them); ``runs``: folders
+    treated as runs even without the marker (plot_runs' RUN_DIRs: their own files, not new files beside them).
+    """
+    real = real_path(path, flag)
+    _refuse_inputs(real, flag, path, inputs, writes_into=False)
+    _refuse_run_files(real, flag, path, runs, suffixes[0])
+    if real.exists():
+        mode = os.stat(real).st_mode
+        if not stat.S_ISREG(mode):
+            raise UserError(
+                f"{flag} {path} is {file_kind(mode)}, not a file; give a file name, e.g. "
+                f"{flag} {Path(path) / ('out' + suffixes[0])}"
+            )
+    if real.suffix.lower() not in suffixes or Path(path).suffix.lower() not in suffixes:
+        accepted = " or ".join(suffixes)
+        raise UserError(f"{flag} {path}: the file name must end in {accepted}; e.g. {flag} report{suffixes[0]}")
+    if real.exists() and not overwrite:
+        raise UserError(f"{flag} {path} already exists; pass --overwrite to replace it, or choose another path")
+    _check_writable(real, flag, path)
+    return real
 
 
 def check_output_folder(
-    path: str | os.PathLike, flag: str, inputs: Iterable[str | os.PathLike] = ()
+    path: PathLike, flag: str, *, inputs: Iterable[PathLike] = (), writes: Sequence[str] = ()
 ) -> Path:  # fmt: skip
-    """``flag``'s output folder: not a file, not under a file, writable, not an input, not a run's own folder."""
-    out = Path(path).expanduser()
-    real = _resolve(out, flag)
-    if os.path.lexists(out) and not real.is_dir():
-        what = "a broken symbolic link" if not real.exists() else file_kind(os.stat(real).st_mode)
-        what = "a file" if real.is_file() else what
+    """``flag``'s output folder: not a file, not under a file, writable, not (inside) an input, not a run's own
+    folder; ``writes``: the names written inside it, none of which may be an input. Returns where it leads."""
+    real = real_path(path, flag)
+    if real.exists() and not real.is_dir():
+        what = "a file" if real.is_file() else file_kind(os.stat(real).st_mode)
         raise UserError(f"{flag} {path} is {what}, not a folder; choose a folder for the output")
-    _refuse_inputs_and_runs(real, flag, path, inputs)
-    _check_writable(out, flag, path)
-    return out
+    inputs = list(inputs)
+    _refuse_inputs(real, flag, path, inputs, writes_into=False)
+    for name in writes:
+        _refuse_inputs(real / name, flag, path, inputs, writes_into=True)
+    _refuse_run_files(real, flag, path, (), "")
+    _check_writable(real, flag, path)
+    return real
 
 
-def _is_regular(mode: int) -> bool:
-    import stat
-
-    return stat.S_ISREG(mode)
-
-
-def _resolve(out: Path, flag: str) -> Path:
-    try:
-        return out.absolute().resolve()
-    except (OSError, RuntimeError) as exc:  # Python < 3.13: RuntimeError for a symbolic link loop
-        raise UserError(f"{flag} {out} cannot be resolved ({exc}): a symbolic link loop? choose another path") from None
+def weights_inputs(weights: PathLike) -> list[PathLike]:
+    """What reading ``--weights`` reads: the file or folder, and beside a weights file its folder's
+    ``config.json`` / ``progress.json`` (the model's description)."""
+    parent = Path(weights).expanduser().parent
+    return [weights, parent / "config.json", parent / "progress.json"] if Path(weights).is_file() else [weights]
 
 
-def _refuse_inputs_and_runs(real: Path, flag: str, shown, inputs: Iterable[str | os.PathLike]) -> None:
-    for given in inputs:
-        try:
-            source = Path(given).expanduser().absolute().resolve()
-        except (OSError, RuntimeError):
+def real_path(path: PathLike, flag: str) -> Path:
+    """Where ``path`` really leads (links followed, ``~`` expanded); a broken or looping link on the way is refused.
+
+    A missing path resolves as far as its existing part goes (its file is created there)."""
+    absolute = Path(path).expanduser().absolute()
+    for part in (absolute, *absolute.parents):
+        if not part.is_symlink():
             continue
-        if real == source or source in real.parents:
-            raise UserError(f"{flag} {shown} would overwrite this command's input {given}; choose another path")
+        try:
+            os.stat(part)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                why = "is a symbolic link loop (it leads back to itself)"
+            else:
+                why = f"is a broken symbolic link (to {os.readlink(part)}, which does not exist)"
+            where = "" if part == absolute else f" (its folder {part})"
+            raise UserError(f"{flag} {path}{where} {why}; remove or fix the link, or choose another path") from None
+    try:
+        return absolute.resolve()
+    except (OSError, RuntimeError) as exc:  # Python < 3.13: RuntimeError for a loop the walk above did not see
+        raise UserError(
+            f"{flag} {path} cannot be resolved ({exc}); fix the links on it or choose another path"
+        ) from None
+
+
+def _resolved(given: PathLike) -> Path | None:
+    try:
+        return Path(given).expanduser().absolute().resolve()
+    except (OSError, RuntimeError):
+        return None
+
+
+def _refuse_inputs(target: Path, flag: str, shown: PathLike, inputs: Iterable[PathLike], writes_into: bool) -> None:
+    """``target`` (the output, or with ``writes_into`` a file written inside the output folder) is not one of
+    ``inputs`` and not inside an input folder."""
+    for given in inputs:
+        source = _resolved(given)
+        if source is None or not (target == source or (source.is_dir() and source in target.parents)):
+            continue
+        if writes_into:
+            raise UserError(
+                f"{flag} {shown}: writing {target.name} there would overwrite this command's input {given}; choose "
+                "another folder"
+            )
+        what = "is" if target == source else "is inside"
+        raise UserError(
+            f"{flag} {shown} {what} this command's input {given}, which must not change; choose another path"
+        )
+
+
+def _refuse_run_files(real: Path, flag: str, shown: PathLike, runs: Iterable[PathLike], suffix: str) -> None:
+    """``real`` is, or is inside, one of a run's own files (``run_dir.OUTPUTS``): refused even with --overwrite."""
+    given = {r for r in map(_resolved, runs) if r is not None}
     for folder in real.parents:
-        if (folder / MARKER).is_file():
+        if folder in given or (folder / MARKER).is_file():
             first = real.relative_to(folder).parts[0]
             if first in OUTPUTS:
+                beside = folder / f"my-{real.stem}{suffix}"
                 raise UserError(
-                    f"{flag} {shown} is inside the run in {folder} ({first} belongs to that run and would be "
-                    f"replaced); write beside it instead, e.g. {folder / ('eval' + real.suffix if real.suffix else '')}"
+                    f"{flag} {shown} is one of the files of the run in {folder} ({first} belongs to that run and "
+                    f"would be replaced, --overwrite or not); write beside it instead, e.g. {beside}"
                 )
 
 
-def _check_writable(out: Path, flag: str, shown) -> None:
-    absolute = out.absolute()
-    parent = next(p for p in absolute.parents if os.path.lexists(p))
+def _check_writable(real: Path, flag: str, shown: PathLike) -> None:
+    """The nearest existing folder of ``real`` is a folder, writable, and not on a read-only file system."""
+    parent = next(p for p in real.parents if os.path.lexists(p))
     if not parent.is_dir():
-        raise UserError(f"{flag} {shown} is inside {parent}, which is a file; choose another path")
+        raise UserError(f"{flag} {shown} is inside {parent}, which is a file, not a folder; choose another path")
     read_only = bool(os.statvfs(parent).f_flag & os.ST_RDONLY)
     if read_only or not os.access(parent, os.W_OK | os.X_OK):
-        why = "a read-only file system" if read_only else "no permission"
-        raise UserError(f"{flag} {shown} cannot be written ({why} at {parent}); choose another path")
+        why = "a read-only file system" if read_only else "no write permission"
+        raise UserError(
+            f"{flag} {shown} cannot be written ({why} at {parent}); choose a writable place, or make {parent} writable"
+        )

@@ -76,12 +76,12 @@ def _pyplot():
 def _save(fig, out: Path) -> Path:
     """Save ``fig`` to ``out`` atomically (a viewer never sees half a PNG) and close it."""
     plt = _pyplot()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = Path(os.path.realpath(Path(out).expanduser()))  # where a link leads: the link itself stays
     fmt = out.suffix.lstrip(".").lower() or "png"
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         with writing(out, "the image"):  # a full or read-only disk: one line
+            out.parent.mkdir(parents=True, exist_ok=True)
             fig.savefig(tmp, format=fmt, dpi=110, bbox_inches="tight")
             os.replace(tmp, out)
     finally:

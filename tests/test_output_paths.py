@@ -1,11 +1,15 @@
 """Every output path of eval.py, predict.py, plot_runs.py and convert is checked before the work (issue 24).
 
-Each refusal: exit 2, one line, no traceback, nothing changed on disk (hashes of the whole test folder), and no
-evaluation ran first (nothing printed on stdout).
+Each refusal: exit 2, one line, no traceback, nothing changed on disk (hashes of the test folder and the run), and
+no work started first: loading the weights, evaluating, reading a run raise here if they are reached, and nothing
+is printed on stdout. Also: the eval report is valid JSON for NaN weights, writes are whole or absent, and
+integer (quantized) weights for floating-point tensors are refused.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import math
 import os
@@ -14,134 +18,329 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import FAST, check, run_here
+from conftest import SMALL_RUN, check, run_here
 from datafiles import write_image_folder
 from test_bad_inputs import assert_one_line_error
-from test_bad_inputs import snapshot as _follow_snapshot
 
 
 def snapshot(*roots: Path) -> dict[str, tuple]:
-    """``test_bad_inputs.snapshot``, with symbolic links recorded as links (the cases include broken ones)."""
-    links = {str(p): ("link", os.readlink(p)) for root in roots for p in Path(root).rglob("*") if p.is_symlink()}
-    plain = [p for root in roots for p in Path(root).iterdir() if not p.is_symlink()]
-    return {**links, **_follow_snapshot(*plain)}
+    """Every path under ``roots`` -> (kind, ...): folders with their mtime (an entry made or removed inside changes
+    it), files with size, mtime and sha256, symbolic links (broken ones too) with their target, never followed."""
+    state: dict[str, tuple] = {}
+    for root in roots:
+        for folder, dirs, files in os.walk(root):
+            state[folder] = ("dir", os.lstat(folder).st_mtime_ns)
+            for name in [*dirs, *files]:
+                path = Path(folder, name)
+                if path.is_symlink():
+                    state[str(path)] = ("link", os.readlink(path))
+                elif path.is_file():
+                    st = path.stat()
+                    state[str(path)] = ("file", st.st_size, st.st_mtime_ns, hashlib.sha256(path.read_bytes()).digest())
+    return state
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
+    """One finished run (3 steps of lenet on synthetic 16 px images), shared by the module."""
     out = tmp_path_factory.mktemp("trained") / "run"
-    check(run_here("train.py", "--output-dir", str(out), "--max-steps", "3", *FAST))
+    check(run_here("train.py", *SMALL_RUN, "--output-dir", str(out), "--max-steps", "3"))
     return out
 
 
-def _refused(tmp_path: Path, script: str, args: list[str], *needles: str, watch: tuple[Path, ...] = ()) -> str:
-    roots = (tmp_path, *watch)
-    before = snapshot(*roots)
+@pytest.fixture
+def no_work(monkeypatch):
+    """Loading weights, evaluating, reading or plotting runs fail the test: refusals come before all of it."""
+    import accel_train.checkpoint.weights as weights
+    import accel_train.evaluation as evaluation
+    import accel_train.plots as plots
+
+    def started(*args, **kwargs):
+        raise AssertionError("the work started before the output path was checked")
+
+    for module, name in ((evaluation, "run_evaluation"), (weights, "load_model"), (weights, "read_state_dict"),
+                         (plots, "plot_runs"), (plots, "compare_runs_table")):  # fmt: skip
+        monkeypatch.setattr(module, name, started)
+
+
+def _refused(tmp_path: Path, run: Path, script: str, args: list[str], *needles: str) -> str:
+    before = snapshot(tmp_path, run)
     proc = run_here(script, *args)
     line = assert_one_line_error(proc, *needles)
     assert proc.stdout == "", f"work was done before the refusal: {proc.stdout[:500]}"
-    assert snapshot(*roots) == before
+    assert snapshot(tmp_path, run) == before
     return line
 
 
-def _cases(tmp_path: Path, run: Path) -> dict[str, tuple[str, tuple[str, ...]]]:
-    """name -> (the --out value, needles), each made real on disk here."""
-    (tmp_path / "exists.json").write_text('{"mine": 1}\n')
-    (tmp_path / "a_folder.json").mkdir()
-    (tmp_path / "plain_file").write_text("x\n")
-    (tmp_path / "loop.json").symlink_to(tmp_path / "loop.json")
-    (tmp_path / "dangling.json").symlink_to(tmp_path / "nowhere" / "x.json")
-    return {
-        "existing file": (str(tmp_path / "exists.json"), ("already exists", "--overwrite")),
-        "a folder": (str(tmp_path / "a_folder.json"), ("is a directory",)),
-        "under a file": (str(tmp_path / "plain_file" / "r.json"), ("which is a file",)),
-        "wrong extension": (str(tmp_path / "report.txt"), ("must end in .json",)),
-        "symlink loop": (str(tmp_path / "loop.json"), ("cannot be resolved",)),
-        "dangling link": (str(tmp_path / "dangling.json"), ("broken symbolic link",)),
-        "the run's summary": (str(run / "summary.json"), ("inside the run", "summary.json")),
-        "the run's weights": (str(run / "model" / "model.safetensors"), ("must end in .json",)),
-        "inside the weights": (str(run / "model" / "eval.json"), ("would overwrite this command's input",)),
-    }
+# ---- the commands: how each takes its output path ------------------------------------------------------------
+
+COMMANDS = {  # name -> (script, flag, extension)
+    "eval --out": ("eval.py", "--out", ".json"),
+    "eval --confusion-png": ("eval.py", "--confusion-png", ".png"),
+    "predict --sheet": ("predict.py", "--sheet", ".png"),
+    "plot_runs --out": ("plot_runs.py", "--out", ".png"),
+}
 
 
-@pytest.mark.parametrize(
-    "case",
-    ["existing file", "a folder", "under a file", "wrong extension", "symlink loop", "dangling link",
-     "the run's summary", "the run's weights", "inside the weights"],
-)  # fmt: skip
-def test_eval_out_is_checked_before_evaluating(tmp_path, run, case):
-    value, needles = _cases(tmp_path, run)[case]
-    _refused(tmp_path, "eval.py", ["--weights", str(run / "model"), "--out", value], "--out", *needles, watch=(run,))
+def _args(command: str, run: Path, tmp_path: Path, value: str) -> list[str]:
+    script, flag, _ = COMMANDS[command]
+    if script == "eval.py":
+        return ["--weights", str(run / "model"), flag, value]
+    if script == "predict.py":
+        images = write_image_folder(tmp_path / "imgs", classes=("a",), per_class=2, size=16)
+        return ["--weights", str(run / "model"), "--raw", str(images), flag, value]
+    return [str(run), flag, value]
 
 
-def test_eval_never_overwrites_the_runs_own_files_even_with_overwrite(tmp_path, run):
-    for target in (run / "summary.json", run / "model" / "config.json", run / "checkpoints" / "x.json"):
+def _family(name: str, tmp_path: Path, run: Path, ext: str) -> tuple[str, tuple[str, ...]]:
+    """The output path of one family of mistakes, made real on disk, and what its one line must say."""
+    if name == "existing file":
+        (tmp_path / f"exists{ext}").write_text("mine\n")
+        return str(tmp_path / f"exists{ext}"), ("already exists", "--overwrite")
+    if name == "a folder":
+        (tmp_path / f"folder{ext}").mkdir()
+        return str(tmp_path / f"folder{ext}"), ("is a directory", "give a file name")
+    if name == "under a file":
+        (tmp_path / "plain_file").write_text("x\n")
+        return str(tmp_path / "plain_file" / f"r{ext}"), ("which is a file",)
+    if name == "wrong extension":
+        return str(tmp_path / "report.txt"), (f"must end in {ext}",)
+    if name == "symlink loop":
+        (tmp_path / f"loop{ext}").symlink_to(tmp_path / f"loop{ext}")
+        return str(tmp_path / f"loop{ext}"), ("symbolic link loop",)
+    if name == "dangling link":
+        (tmp_path / f"dangling{ext}").symlink_to(tmp_path / "nowhere" / f"x{ext}")
+        return str(tmp_path / f"dangling{ext}"), ("broken symbolic link",)
+    if name == "dangling link folder":
+        (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+        return str(tmp_path / "gone" / f"x{ext}"), ("broken symbolic link", "its folder")
+    if name == "a run's own file":
+        own = run / ("summary.json" if ext == ".json" else "confusion.png")
+        return str(own), ("files of the run", own.name, "write beside it")
+    if name == "link into a run's folder":
+        (tmp_path / "into").symlink_to(run / "checkpoints")
+        return str(tmp_path / "into" / f"x{ext}"), ("files of the run", "checkpoints")
+    raise AssertionError(name)
+
+
+FAMILIES = ["existing file", "a folder", "under a file", "wrong extension", "symlink loop", "dangling link",
+            "dangling link folder", "a run's own file", "link into a run's folder"]  # fmt: skip
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_output_path_is_refused_before_any_work(tmp_path, run, no_work, command, family):
+    _, flag, ext = COMMANDS[command]
+    value, needles = _family(family, tmp_path, run, ext)
+    args = _args(command, run, tmp_path, value)
+    line = _refused(tmp_path, run, COMMANDS[command][0], args, flag, *needles)
+    assert value in line, line
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_a_runs_own_files_are_refused_even_with_overwrite(tmp_path, run, no_work, command):
+    script, flag, ext = COMMANDS[command]
+    own = {".json": ["summary.json", "checkpoints/x.json", "model_ema/x.json", "abandoned/a/x.json"],
+           ".png": ["curves.png", "confusion.png", "best/x.png", "tb/x.png"]}[ext]  # fmt: skip
+    for name in own:
+        args = [*_args(command, run, tmp_path, str(run / name)), "--overwrite"]
+        _refused(tmp_path, run, script, args, flag, "files of the run", "--overwrite or not")
+
+
+def test_eval_refuses_the_runs_weights_and_the_input_folder(tmp_path, run, no_work):
+    ckpt = next((run / "checkpoints").iterdir())
+    # the README's example: --out onto the run's weights, here while evaluating a checkpoint of the same run
+    args = ["--weights", str(ckpt), "--out", str(run / "model" / "model.safetensors"), "--overwrite"]
+    _refused(tmp_path, run, "eval.py", args, "--out", "files of the run", "model")
+    for target in (run / "model" / "config.json", run / "model" / "eval.json"):  # inside --weights
         args = ["--weights", str(run / "model"), "--out", str(target), "--overwrite"]
-        _refused(tmp_path, "eval.py", args, "--out", watch=(run,))
+        _refused(tmp_path, run, "eval.py", args, "--out", "this command's input", str(run / "model"))
+    export = tmp_path / "export"  # a bare export (no run): its config.json is read with the weights file
+    shutil.copytree(run / "model", export)
+    args = ["--weights", str(export / "model.safetensors"), "--out", str(export / "config.json"), "--overwrite"]
+    _refused(tmp_path, run, "eval.py", args, "--out", "is this command's input", "config.json")
+    args = ["--weights", str(run / "model"), "--confusion-png", str(run / "model" / "c.png")]
+    _refused(tmp_path, run, "eval.py", args, "--confusion-png", "this command's input")
 
 
-def test_eval_confusion_png_is_checked_and_overwrite_replaces(tmp_path, run):
-    _refused(tmp_path, "eval.py", ["--weights", str(run / "model"), "--confusion-png", str(tmp_path / "c.jpg")],
-             "--confusion-png", "must end in .png", watch=(run,))  # fmt: skip
-    png, report = tmp_path / "c.png", tmp_path / "r.json"
-    png.write_bytes(b"old")
-    _refused(tmp_path, "eval.py", ["--weights", str(run / "model"), "--confusion-png", str(png)], "already exists")
-    args = ["--weights", str(run / "model"), "--confusion-png", str(png), "--out", str(report), "--overwrite"]
-    check(run_here("eval.py", *args))
-    assert png.read_bytes()[:4] == b"\x89PNG" and json.loads(report.read_text())["samples"] > 0
-    before = snapshot(run)
-    check(run_here("eval.py", "--weights", str(run / "model"), "--out", str(run / "eval.json")))
-    assert snapshot(run) != before and (run / "eval.json").is_file(), "a new file beside a run is fine"
-
-
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None, reason="a read-only mount needs root")
-def test_eval_out_on_a_read_only_file_system(tmp_path, run):
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)]).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
-        _refused(tmp_path, "eval.py", ["--weights", str(run / "model"), "--out", str(ro / "r.json")],
-                 "read-only file system")  # fmt: skip
-    finally:
-        subprocess.run(["umount", "-l", str(ro)])
-
-
-def test_predict_sheet_and_plot_runs_out_are_checked_first(tmp_path, run):
-    images = write_image_folder(tmp_path / "imgs", classes=("a",), per_class=2, size=8)
+def test_predict_refuses_an_input_image_and_a_place_in_an_image_folder(tmp_path, run, no_work):
+    images = write_image_folder(tmp_path / "imgs", classes=("a",), per_class=2, size=16)
     one = sorted(images.rglob("*.png"))[0]
     weights = ["--weights", str(run / "model")]
-    _refused(tmp_path, "predict.py", [*weights, str(one), "--sheet", str(one)], "--sheet", "input", watch=(run,))
-    _refused(tmp_path, "predict.py", [*weights, str(one), "--sheet", str(tmp_path / "s.pdf")], "must end in .png")
-    _refused(tmp_path, "plot_runs.py", [str(run), "--out", str(run / "curves.png")], "--out", watch=(run,))
-    (tmp_path / "cmp.png").write_bytes(b"mine")
-    _refused(tmp_path, "plot_runs.py", [str(run), "--out", str(tmp_path / "cmp.png")], "already exists")
-    check(run_here("plot_runs.py", str(run), "--out", str(tmp_path / "cmp.png"), "--overwrite"))
-    assert (tmp_path / "cmp.png").read_bytes()[:4] == b"\x89PNG"
+    _refused(tmp_path, run, "predict.py", [*weights, str(one), "--sheet", str(one), "--overwrite"], "--sheet",
+             "is this command's input")  # fmt: skip
+    _refused(tmp_path, run, "predict.py", [*weights, str(images), "--sheet", str(images / "sheet.png")],
+             "is inside this command's input")  # fmt: skip
 
 
-def test_convert_out_folder_is_checked_first(tmp_path, run):
+def test_plot_runs_refuses_a_run_dirs_own_files_without_the_marker(tmp_path, run, no_work):
+    """A RUN_DIR given to plot_runs is a run even without the marker (an older run): curves.png is its own."""
+    old = tmp_path / "old_run"
+    old.mkdir()
+    shutil.copy(run / "metrics.jsonl", old / "metrics.jsonl")
+    args = [str(old), "--out", str(old / "curves.png"), "--overwrite"]
+    _refused(tmp_path, run, "plot_runs.py", args, "--out", "files of the run", "curves.png")
+    _refused(tmp_path, run, "plot_runs.py", [str(old), "--out", str(old)], "--out", "is a directory")
+
+
+@pytest.fixture
+def read_only_place(tmp_path):
+    """A folder nothing can be written into: chmod 0o555 for a user; a read-only tmpfs for root (whom
+    permissions do not stop)."""
+    place = tmp_path / "ro"
+    place.mkdir()
+    if os.geteuid() != 0:
+        place.chmod(0o555)
+        yield place, "no write permission"
+        place.chmod(0o755)
+        return
+    if shutil.which("mount") is None:
+        pytest.skip("root, and no mount command to make a read-only file system")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(place)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"root, and a read-only tmpfs cannot be mounted here: {mounted.stderr.decode().strip()}")
+    try:
+        yield place, "read-only file system"
+    finally:
+        subprocess.run(["umount", "-l", str(place)], check=False)
+
+
+@pytest.mark.parametrize("command", [*COMMANDS, "convert --out"])
+def test_a_read_only_place_is_refused_before_any_work(tmp_path, run, no_work, read_only_place, command):
+    place, why = read_only_place
+    if command == "convert --out":
+        args = [str(run / "model"), "--out", str(place / "export")]
+        _refused(tmp_path, run, "convert_checkpoint.py", args, "--out", "cannot be written", why)
+        return
+    script, flag, ext = COMMANDS[command]
+    for value in (place / f"r{ext}", place / "new" / "sub" / f"r{ext}"):
+        _refused(tmp_path, run, script, _args(command, run, tmp_path, str(value)), flag, "cannot be written", why)
+
+
+def test_convert_out_folder_is_checked_first(tmp_path, run, no_work):
     (tmp_path / "file").write_text("x")
-    src = ["convert_checkpoint.py", str(run / "model")]
-    _refused(tmp_path, src[0], [*src[1:], "--out", str(tmp_path / "file")], "is a file, not a folder", watch=(run,))
-    _refused(tmp_path, src[0], [*src[1:], "--out", str(tmp_path / "file" / "x")], "which is a file", watch=(run,))
-    _refused(tmp_path, src[0], [*src[1:], "--out", str(run / "model")], "--out", watch=(run,))
-    _refused(tmp_path, src[0], [*src[1:], "--out", str(run / "best")], "inside the run", watch=(run,))
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    src = [str(run / "model"), "--out"]
+    cases = [
+        (tmp_path / "file", "is a file, not a folder"),
+        (tmp_path / "file" / "x", "which is a file"),
+        (tmp_path / "gone", "broken symbolic link"),
+        (run / "model", "is this command's input"),  # the export onto itself
+        (run / "best", "files of the run"),
+        (run / "checkpoints" / "export", "files of the run"),
+    ]
+    for out, needle in cases:
+        _refused(tmp_path, run, "convert_checkpoint.py", [*src, str(out), "--overwrite"], "--out", needle)
+    export = tmp_path / "export"  # the weights file's own folder: model.safetensors would be written onto it
+    shutil.copytree(run / "model", export)
+    args = [str(export / "model.safetensors"), "--out", str(export), "--overwrite"]
+    _refused(tmp_path, run, "convert_checkpoint.py", args, "--out", "writing model.safetensors there would overwrite")
 
 
-def test_eval_report_is_valid_json_when_the_weights_are_nan(tmp_path, run, capsys):
+# ---- --overwrite replaces; a new file beside a run is fine ---------------------------------------------------
+
+
+def test_overwrite_replaces_each_commands_output(tmp_path, run):
+    report, png, sheet, chart = (tmp_path / n for n in ("r.json", "c.png", "s.png", "cmp.png"))
+    for path in (report, png, sheet, chart):
+        path.write_bytes(b"old")
+    weights = ["--weights", str(run / "model")]
+    check(run_here("eval.py", *weights, "--out", str(report), "--confusion-png", str(png), "--overwrite"))
+    assert json.loads(report.read_text())["samples"] > 0 and png.read_bytes()[:4] == b"\x89PNG"
+    images = write_image_folder(tmp_path / "imgs", classes=("a",), per_class=2, size=16)
+    check(run_here("predict.py", *weights, "--raw", str(images), "--sheet", str(sheet), "--overwrite"))
+    check(run_here("plot_runs.py", str(run), "--out", str(chart), "--overwrite"))
+    assert sheet.read_bytes()[:4] == chart.read_bytes()[:4] == b"\x89PNG"
+    export = tmp_path / "export"
+    check(run_here("convert_checkpoint.py", str(run / "model"), "--out", str(export)))
+    assert_one_line_error(run_here("convert_checkpoint.py", str(run / "model"), "--out", str(export)), "--overwrite")
+    check(run_here("convert_checkpoint.py", str(run / "model"), "--out", str(export), "--overwrite"))
+    assert not [p for p in tmp_path.rglob("*.tmp")], "a temporary file was left behind"
+
+
+def test_new_files_beside_a_run_and_through_links_are_fine(tmp_path, run):
+    check(run_here("eval.py", "--weights", str(run / "model"), "--out", str(run / "eval.json")))
+    assert json.loads((run / "eval.json").read_text())["samples"] > 0
+    check(run_here("plot_runs.py", str(run), "--out", str(run / "compare.png")))
+    assert (run / "compare.png").read_bytes()[:4] == b"\x89PNG"
+    (tmp_path / "real.json").write_text("old")
+    (tmp_path / "link.json").symlink_to(tmp_path / "real.json")
+    nested = tmp_path / "new" / "sub" / "r.json"  # missing folders are made
+    check(run_here("eval.py", "--weights", str(run / "model"), "--out", str(tmp_path / "link.json"), "--overwrite"))
+    check(run_here("eval.py", "--weights", str(run / "model"), "--out", str(nested)))
+    assert (tmp_path / "link.json").is_symlink(), "the link stays a link; the file it leads to is replaced"
+    assert json.loads((tmp_path / "real.json").read_text())["samples"] > 0 and nested.is_file()
+    for name in ("eval.json", "compare.png"):
+        (run / name).unlink()
+
+
+# ---- whole writes: a failed write leaves the old file, no half file, and one line ----------------------------
+
+
+def test_a_failed_report_write_is_one_line_and_keeps_the_old_file(tmp_path, run, monkeypatch):
+    report = tmp_path / "r.json"
+    report.write_text('{"old": 1}\n')
+    real_write = Path.write_text
+
+    def full_disk(self, *args, **kwargs):
+        if self.name.startswith(".r.json."):
+            real_write(self, "{half")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    proc = run_here("eval.py", "--weights", str(run / "model"), "--out", str(report), "--overwrite")
+    assert_one_line_error(proc, "cannot write the evaluation report", "no space left")
+    assert report.read_text() == '{"old": 1}\n' and sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+
+# ---- the report is valid JSON; quantized weights are refused ------------------------------------------------
+
+
+def _rewritten(run: Path, tmp_path: Path, change) -> Path:
     from safetensors.torch import load_file, save_file
 
-    bad = tmp_path / "nan"
+    bad = tmp_path / "weights"
     shutil.copytree(run / "model", bad)
     tensors = load_file(str(bad / "model.safetensors"))
-    for t in tensors.values():
-        if t.is_floating_point():
-            t.fill_(math.nan)
-    save_file(tensors, str(bad / "model.safetensors"))
+    save_file(
+        {k: change(t) if t.is_floating_point() else t for k, t in tensors.items()}, str(bad / "model.safetensors")
+    )
+    return bad
+
+
+def test_eval_report_is_valid_json_when_the_weights_are_nan(tmp_path, run):
+    bad = _rewritten(run, tmp_path, lambda t: t.fill_(math.nan))
     for out in ([], ["--out", str(tmp_path / "r.json")]):
         proc = check(run_here("eval.py", "--weights", str(bad), *out))
         text = (tmp_path / "r.json").read_text() if out else proc.stdout
         report = json.loads(text, parse_constant=lambda c: pytest.fail(f"invalid JSON constant {c}"))
         assert report["loss"] is None
-        assert "not finite" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stderr.startswith("warning: ") and proc.stderr.count("\n") == 1, proc.stderr
+        assert "not finite" in proc.stderr and str(bad) in proc.stderr
+
+
+def test_integer_weights_for_float_tensors_are_refused(tmp_path, run):
+    import torch
+
+    bad = _rewritten(run, tmp_path, lambda t: t.round().to(torch.int8))
+    for script, extra in (("eval.py", []), ("predict.py", ["--raw", str(write_image_folder(tmp_path / "i"))])):
+        proc = run_here(script, "--weights", str(bad), *extra)
+        line = assert_one_line_error(proc, "int8", "float32", "model.safetensors", "floating-point weights")
+        assert "tensor " in line and proc.stdout == ""
+
+
+def test_integer_buffers_still_load_and_one_int8_tensor_is_named():
+    import torch
+    from torch import nn
+
+    from accel_train.checkpoint.weights import load_weights
+    from accel_train.errors import CheckpointError
+
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2))
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    assert sd["1.num_batches_tracked"].dtype == torch.int64
+    load_weights(sd, nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2)))  # an integer buffer is fine
+    sd["0.weight"] = sd["0.weight"].to(torch.int8)
+    with pytest.raises(CheckpointError, match=r"tensor 0\.weight is int8 but the model holds it as float32"):
+        load_weights(sd, model, strict=False)

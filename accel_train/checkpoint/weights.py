@@ -179,6 +179,7 @@ def _load_into(raw: dict[str, Tensor], meta: dict, model: nn.Module, strict: boo
     ]
     if strict and (missing or unexpected or mismatched):
         raise CheckpointError(_mismatch_message(sd, target, missing, unexpected, mismatched, meta))
+    _refuse_integer_floats(sd, expected, meta)
     bad = {k for k, _, _ in mismatched}
     loadable = {k: v for k, v in sd.items() if k not in bad}
     try:
@@ -189,6 +190,19 @@ def _load_into(raw: dict[str, Tensor], meta: dict, model: nn.Module, strict: boo
     meta["unexpected_keys"] = unexpected
     meta["mismatched_keys"] = [k for k, _, _ in mismatched]
     return meta
+
+
+def _refuse_integer_floats(sd: Mapping[str, Tensor], expected: Mapping[str, Tensor], meta: dict) -> None:
+    """A tensor the model holds in floating point must come as floating point: ``load_state_dict`` would copy
+    int8 (quantized) or bool values into it silently. Integer buffers (BatchNorm's ``num_batches_tracked``) stay."""
+    for key, value in sd.items():
+        want = expected.get(key)
+        if want is not None and want.is_floating_point() and not value.is_floating_point():
+            raise CheckpointError(
+                f"{meta['path']}: tensor {key} is {str(value.dtype).removeprefix('torch.')} but the model holds it "
+                f"as {str(want.dtype).removeprefix('torch.')}: quantized or corrupt weights cannot be loaded; "
+                "export the floating-point weights (e.g. the run's model/ folder) and use those"
+            )
 
 
 def _infer_sizes(sd: Mapping[str, Tensor]) -> dict[str, int]:

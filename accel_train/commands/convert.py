@@ -87,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
 
     from accel_train.outputs import check_output_folder
 
-    check_output_folder(args.out, "--out", [args.source])  # a file, under a file, unwritable, an input, a run's own
+    # a file, under a file, unwritable, the input or inside it, a run's own folder (RUN/model, RUN/best, ...)
+    check_output_folder(args.out, "--out", inputs=[args.source], writes=EXPORT_FILES)
     if not args.overwrite:
         _refuse_existing_export(args.out)
     sd, meta = read_state_dict(args.source)

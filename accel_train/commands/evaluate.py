@@ -8,11 +8,8 @@ Only the dataset's test split is read: ``t10k-*`` alone is enough for mnist/fash
 for cifar10. Evaluation never downloads; ``train.py --download`` fetches the files.
 """
 
-import os
-
 from accel_train.cli import ArgumentParser, run_main  # light: no torch
 from accel_train.config import MIXED_PRECISION, TTA  # light too: the training flags' own choices
-from accel_train.errors import UserError
 
 
 def main(argv=None):
@@ -61,22 +58,20 @@ def main(argv=None):
     if args.out:
         print(f"accuracy {report['accuracy']:.4f} on {report['samples']} samples; wrote {args.out}")
     else:
-        print(json.dumps({k: v for k, v in report.items() if k != "confusion_matrix"}, indent=2))
+        print(json.dumps({k: v for k, v in report.items() if k != "confusion_matrix"}, indent=2, allow_nan=False))
     return 0
 
 
 def _check_outputs(args) -> None:
-    from accel_train.outputs import check_output_file
+    """--out and --confusion-png: refused in one line before the weights, the data or torch are loaded."""
+    from accel_train.outputs import check_output_file, weights_inputs
 
-    inputs = [args.weights]
+    inputs = weights_inputs(args.weights)
     if args.dataset and ":" in args.dataset:  # imagefolder:PATH, hf:PATH: a PNG written there would become data
         inputs.append(args.dataset.split(":", 1)[1])
-    if args.out:
-        check_output_file(args.out, "--out", (".json",), args.overwrite, inputs)
-    if args.confusion_png:
-        check_output_file(args.confusion_png, "--confusion-png", (".png",), args.overwrite, inputs)
-    if args.out and args.confusion_png and os.path.abspath(args.out) == os.path.abspath(args.confusion_png):
-        raise UserError("--out and --confusion-png name the same file; give each its own")
+    for flag, path, suffix in (("--out", args.out, ".json"), ("--confusion-png", args.confusion_png, ".png")):
+        if path:  # different extensions: never the same file
+            check_output_file(path, flag, suffixes=(suffix,), overwrite=args.overwrite, inputs=inputs)
 
 
 def cli_main() -> None:

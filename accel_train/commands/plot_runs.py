@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from accel_train.outputs import check_output_file
 
-    check_output_file(args.out, "--out", (".png",), args.overwrite, args.run_dirs)  # before any run is read
+    # before any run is read; RUN_DIR/metrics.jsonl, RUN_DIR/curves.png, ...: that run's own files, a new file beside
+    check_output_file(args.out, "--out", suffixes=(".png",), overwrite=args.overwrite, runs=args.run_dirs)
     labels = None
     if args.labels is not None:
         labels = [label.strip() for label in args.labels.split(",")]

@@ -128,13 +128,15 @@ def _predict(model, inputs, k: int):
 def write_sheet(path: str, images: list, results: list[dict]) -> None:
     """A grid of the images, each titled with its top class and probability (at most MAX_SHEET)."""
     import math
+    import os
+    from pathlib import Path
 
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from accel_train.fsio import atomic_write
+    from accel_train.fsio import atomic_write, writing
 
     n = min(len(images), MAX_SHEET)
     cols = min(n, 8)
@@ -155,8 +157,13 @@ def write_sheet(path: str, images: list, results: list[dict]) -> None:
     if len(images) > n:
         fig.suptitle(f"the first {n} of {len(images)} images", fontsize=9)
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100), "the contact sheet")
-    plt.close(fig)
+    real = Path(os.path.realpath(Path(path).expanduser()))  # where a link leads: the link itself stays
+    try:
+        with writing(real, "the contact sheet"):
+            real.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(real, lambda tmp: fig.savefig(tmp, format="png", dpi=100), "the contact sheet")
+    finally:
+        plt.close(fig)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -169,9 +176,10 @@ def run(args: argparse.Namespace) -> int:
     if args.top_k < 1:
         raise UserError("--top-k must be at least 1")
     if args.sheet:  # before the model and the images are loaded
-        from accel_train.outputs import check_output_file
+        from accel_train.outputs import check_output_file, weights_inputs
 
-        check_output_file(args.sheet, "--sheet", (".png",), args.overwrite, [args.weights, *args.images])
+        inputs = [*weights_inputs(args.weights), *args.images]
+        check_output_file(args.sheet, "--sheet", suffixes=(".png",), overwrite=args.overwrite, inputs=inputs)
     paths = _expand(args.images)
     model, config = load_model(args.weights, allow_import=args.allow_import)
     record = RAW if args.raw else check_preprocess(config, f"{args.weights} (config.json)")
