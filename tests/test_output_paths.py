@@ -344,3 +344,9 @@ def test_integer_buffers_still_load_and_one_int8_tensor_is_named():
     sd["0.weight"] = sd["0.weight"].to(torch.int8)
     with pytest.raises(CheckpointError, match=r"tensor 0\.weight is int8 but the model holds it as float32"):
         load_weights(sd, model, strict=False)
+
+
+def test_plot_runs_writes_the_format_its_extension_names(tmp_path, run):
+    for name, magic in (("cmp.pdf", b"%PDF"), ("cmp.svg", b"<?xml"), ("cmp.png", b"\x89PNG")):
+        check(run_here("plot_runs.py", str(run), "--out", str(tmp_path / name)))
+        assert (tmp_path / name).read_bytes().startswith(magic), name

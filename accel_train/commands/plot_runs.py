@@ -43,8 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from accel_train.outputs import check_output_file
 
-    # before any run is read; RUN_DIR/metrics.jsonl, RUN_DIR/curves.png, ...: that run's own files, a new file beside
-    check_output_file(args.out, "--out", suffixes=(".png",), overwrite=args.overwrite, runs=args.run_dirs)
+    # Before any run is read. RUN_DIR/curves.png, RUN_DIR/metrics.jsonl, ... are that run's own files (a new file
+    # beside them is fine). matplotlib writes the format the extension names: PNG, PDF or SVG.
+    suffixes = (".png", ".pdf", ".svg")
+    check_output_file(args.out, "--out", suffixes=suffixes, overwrite=args.overwrite, runs=args.run_dirs)
     labels = None
     if args.labels is not None:
         labels = [label.strip() for label in args.labels.split(",")]
