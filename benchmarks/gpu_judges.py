@@ -129,7 +129,7 @@ def judge_setup(m: dict[str, Any]) -> tuple[str, str]:
     problems = [f"import {k} failed: {v}" for k, v in m.get("errors", {}).items()]
     if not m.get("cuda", {}).get("available"):
         problems.append("torch sees no CUDA GPU")
-    if m.get("metric_accuracy") not in (2 / 3, 0.6666666666666666):
+    if not (_finite(m.get("metric_accuracy")) and abs(m["metric_accuracy"] - 2 / 3) < 1e-9):
         problems.append(f"the accuracy metric computed {m.get('metric_accuracy')!r} for 2 of 3 right")
     secs = m.get("seconds", {})
     times = ", ".join(f"{k} {v:.1f} s" for k, v in secs.items())

@@ -149,19 +149,22 @@ def write_cifar_like(root: Path, n_train: int = 50000, n_test: int = 10000, seed
     return folder
 
 
-def probe_speedrun(work: Path, out: Path, warmup_steps: int) -> int:
+def probe_speedrun(
+    work: Path, out: Path, warmup_steps: int, sizes: tuple[int, int] = (50000, 10000), extra: tuple[str, ...] = ()
+) -> int:
     """The recipe twice in this process: ``warmup_steps`` steps (cuDNN autotunes every training and evaluation
-    shape), then the full run, whose ``train_time_s`` is the figure. Both on the same CIFAR-format files."""
+    shape), then the full run, whose ``train_time_s`` is the figure. Both on the same CIFAR-format files.
+    ``sizes`` (train, test) and ``extra`` flags make it small for the CPU test."""
     import torch
 
     from accel_train.config import parse_config
     from accel_train.loop import fit
 
     t0 = time.perf_counter()
-    write_cifar_like(work / "data")
+    write_cifar_like(work / "data", *sizes)
     data_s = time.perf_counter() - t0
     common = ["--config", str(REPO / "configs" / "airbench_cifar10.yaml"), "--data-dir", str(work / "data")]
-    common += ["--mixed-precision", "bf16", *FAST]
+    common += ["--mixed-precision", "bf16", *FAST, *extra]
     warm_args = ["--max-steps", str(warmup_steps), "--warmup-steps", str(max(1, warmup_steps // 5))]
     t0 = time.perf_counter()
     warm = fit(parse_config([*common, *warm_args, "--output-dir", str(work / "warmup")]))

@@ -404,6 +404,45 @@ def test_resume_measure_on_real_cpu_runs_passes_a_good_resume_and_fails_a_swappe
     assert wrong["data_order"]["max_rel_diff"] == 0.0  # the same batches: only the dropout masks changed
 
 
+def test_measures_read_real_run_folders_and_the_judges_reject_cpu_stand_ins(cpu_resume_runs, tmp_path, capsys):
+    """Every check's measure on real run folders laid out where the check puts them (CPU runs standing in for
+    the GPU ones), so a wrong file name or field shows here; each judge then fails for the stand-in's reason."""
+    import torch
+
+    ctx = R.Context(tmp_path / "work", tmp_path / "out", 1, 600)
+    checks = {c.name: c for c in S.build_checks(ctx)}
+    runs = {"straight": cpu_resume_runs / "straight", "resumed": cpu_resume_runs / "resumed"}
+    layout = {
+        "throughput": {row: "straight" for row in J.THROUGHPUT_ROWS},
+        "fsdp": {"straight": "straight", "resumed": "resumed"}, "compile": {"eager": "straight", "resumed": "resumed"},
+        "ddp": {"plain": "straight", "ddp": "resumed"},
+        "sync-bn": {"one": "straight", "synced": "resumed", "unsynced": "straight"},
+    }  # fmt: skip
+    for check, steps in layout.items():
+        for label, run in steps.items():
+            shutil.copytree(runs[run], checks[check].step(label).out_dir)
+    gemm = Path(checks["throughput"].step("gemm").argv[-1])
+    gemm.write_text(json.dumps({"train_flops_per_sample": 1e6, "peak_bf16_tflops": 1.0}))
+    said = {"resumed": R.StepOutput("resumed", 0, "accel_train: ... resumed from x at step 7", 1.0)}
+    said |= {"ddp": R.StepOutput("ddp", 0, "no nccl here", 1.0), "synced": R.StepOutput("synced", 0, "", 1.0)}
+    capsys.readouterr()
+    fit_small(checks["device-batch"].step("auto").out_dir, "--max-device-batch", "auto", "--global-batch-size", "32",
+              "--max-steps", "2")  # fmt: skip
+    said["auto"] = R.StepOutput("auto", 0, capsys.readouterr().out, 1.0)
+    expected = {
+        "throughput": "expected 200", "fsdp": "not FSDP at 1", "compile": "nothing was compiled",
+        "ddp": "NCCL was not initialised", "sync-bn": "did not convert", "device-batch": "ran on 'cpu'",
+    }  # fmt: skip
+    for name, why in expected.items():
+        m = checks[name].measure(ctx, said, checks[name])
+        status, detail = checks[name].judge(m)
+        assert status == R.FAIL and why in detail, (name, detail)
+    assert checks["fsdp"].measure(ctx, said, checks["fsdp"])["merge_error"]  # no sharded checkpoint to merge
+    m = checks["device-batch"].measure(ctx, said, checks["device-batch"])
+    assert m["probed_micro_batch"] == m["micro_batch"] == 32 and m["accum_steps"] == 1
+    assert torch.isfinite(torch.tensor(checks["ddp"].measure(ctx, said, checks["ddp"])["ddp_vs_plain"]))
+
+
 def _fsdp_good() -> dict:
     run = _run(12, distributed_type="FSDP", world_size=1)
     return {"straight": run, "resumed": dict(run), "expected_steps": 12, "resume_reported": True,
@@ -496,6 +535,24 @@ def test_speedrun_judge_needs_augmentation_on_the_device_and_a_warm_up():
         "short": _wrong(good, global_step=600),
         "fp32": _wrong(good, mixed_precision="no"),
     })  # fmt: skip
+
+
+def test_speedrun_probe_trains_on_cifar_format_files_with_augmentation_after_a_warm_up(tmp_path):
+    """The speed run's data path on the CPU: real CIFAR-10-format files make the recipe augment (synthetic data
+    did not), the warm-up runs first in the same process; here, on the CPU, the judge says the data was not on
+    a GPU."""
+    from benchmarks.gpu_probe import probe_speedrun
+
+    small = ("--batch-size", "8", "--global-batch-size", "8", "--max-steps", "4", "--warmup-steps", "1")
+    small += ("--mixed-precision", "no", "--image-size", "16", "--eval-batch-size", "40")  # bf16 is slow on CPUs
+    out = tmp_path / "speedrun.json"
+    assert probe_speedrun(tmp_path / "work", out, 2, sizes=(80, 40), extra=small) == 0
+    check = R.Check("speedrun", "", "", 1, [R.Step("speedrun", ["python3", "--out", str(out)])], None, None)
+    m = J.measure_speedrun(None, {}, check)
+    assert m["augment"] and m["global_step"] == 4 and m["probe"]["warmup_steps"] == 2 and m["probe"]["same_process"]
+    assert m["mixed_precision"] == "no"  # the test's flags come after the probe's bf16: they win
+    status, detail = J.judge_speedrun(m)
+    assert status == R.FAIL and "ran on 'cpu'" in detail and "not on the GPU" in detail
 
 
 def test_dp_ddp_judge_fails_on_diverged_weights():
