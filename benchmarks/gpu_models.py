@@ -1,4 +1,4 @@
-"""Models for the GPU acceptance's runs: ``--model benchmarks.gpu_models:dropout_net``.
+"""Models for the GPU acceptance's runs: ``--model benchmarks.gpu_models:dropout_net`` (or ``:bn_net``).
 
 :class:`DropoutNet` calls ``F.dropout`` in ``forward``, so its masks come from the device's own global RNG
 (the CUDA generator on a GPU): accel_train's keyed dropout replaces ``nn.Dropout`` modules, not this call,
@@ -24,6 +24,7 @@ class DropoutNet(nn.Module):
 
     def __init__(self, num_classes: int = 10, in_channels: int = 1, image_size: int = 28, p: float = 0.25):
         super().__init__()
+        torch.backends.cudnn.deterministic = True  # the straight and resumed processes convolve alike (BNNet)
         self.p = p
         self.conv1 = nn.Conv2d(in_channels, 16, 3, padding=1)
         self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
@@ -54,3 +55,27 @@ def _record(x: torch.Tensor) -> None:
     line = {"n": int(x.shape[0]), "sum": float(x.sum()), "sq": float((x * x).sum())}
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")
+
+
+class BNNet(nn.Module):
+    """Two convolutions with BatchNorm and a linear layer: BatchNorm (running statistics, --sync-bn, FSDP's
+    buffers) in a model small enough for comparisons to stay at round-off. cuDNN is told to use deterministic
+    algorithms, so two processes compute the same convolutions the same way (else the comparisons between
+    processes measure cuDNN's algorithm choice)."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, image_size: int = 32):
+        super().__init__()
+        torch.backends.cudnn.deterministic = True
+        self.conv1, self.bn1 = nn.Conv2d(in_channels, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)
+        self.conv2, self.bn2 = nn.Conv2d(16, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32)
+        self.fc = nn.Linear(32 * (image_size // 4) ** 2, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
+        return self.fc(x.flatten(1))
+
+
+def bn_net(num_classes: int = 10, in_channels: int = 3, image_size: int = 32) -> BNNet:
+    """``--model benchmarks.gpu_models:bn_net``."""
+    return BNNet(num_classes, in_channels, image_size)

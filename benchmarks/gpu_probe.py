@@ -249,7 +249,8 @@ def shared_gpu_rank(train_args: list[str]) -> None:
     from accelerate.state import PartialState
 
     os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"] = "0", "1"
-    torch.cuda.set_device(0)
+    if torch.cuda.is_available():  # (without CUDA, as in a CPU try-out, accel_train trains gloo ranks on the CPU)
+        torch.cuda.set_device(0)
     dist.init_process_group("gloo")  # env:// from torchrun
     prepare = PartialState._prepare_backend
 

@@ -102,6 +102,7 @@ class Check:
     expected_steps: int | None = None  # what the judge expects the runs to reach
     stop_at: int | None = None  # where a stop-and-resume check stops
     global_batch: int | None = None
+    model: str | None = None  # the --model the judge compares exports with
 
     def step(self, label: str) -> Step:
         return next(s for s in self.steps if s.label == label)

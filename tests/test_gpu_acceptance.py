@@ -414,7 +414,8 @@ def test_measures_read_real_run_folders_and_the_judges_reject_cpu_stand_ins(cpu_
     runs = {"straight": cpu_resume_runs / "straight", "resumed": cpu_resume_runs / "resumed"}
     layout = {
         "throughput": {row: "straight" for row in J.THROUGHPUT_ROWS},
-        "fsdp": {"straight": "straight", "resumed": "resumed"}, "compile": {"eager": "straight", "resumed": "resumed"},
+        "fsdp": {"straight": "straight", "resumed": "resumed"},
+        "compile": {"eager": "straight", "straight": "straight", "resumed": "resumed"},
         "ddp": {"plain": "straight", "ddp": "resumed"},
         "sync-bn": {"one": "straight", "synced": "resumed", "unsynced": "straight"},
     }  # fmt: skip
@@ -463,12 +464,14 @@ def test_fsdp_judge_fails_on_a_diverged_resume_a_stale_export_and_wrong_keys():
 
 
 def test_compile_judge_fails_when_nothing_compiled_or_the_resume_diverged():
-    good = {"eager": _run(20), "compiled": _run(20), "compile_flag": True, "expected_steps": 20,
-            "resume_reported": True, "compiled_vs_eager": 3e-7, "wrapped_keys": [], "inductor_files": 12}  # fmt: skip
+    good = {"eager": _run(20), "straight": _run(20), "compiled": _run(20), "compile_flag": True,
+            "expected_steps": 20, "resume_reported": True, "resumed_vs_straight": 0.0, "compiled_vs_eager": 3e-5,
+            "wrapped_keys": [], "inductor_files": 12}  # fmt: skip
     _judged(J.judge_compile, good, {
         "nothing compiled": _wrong(good, inductor_files=0),
         "flag off": _wrong(good, compile_flag=False),
-        "diverged": _wrong(good, compiled_vs_eager=5e-3),
+        "resume diverged": _wrong(good, resumed_vs_straight=2e-4),
+        "wrong gradients": _wrong(good, compiled_vs_eager=0.3),
         "wrapped keys": _wrong(good, wrapped_keys=["_orig_mod.conv1.weight"]),
         "no resume": _wrong(good, resume_reported=False),
     })  # fmt: skip
@@ -492,6 +495,7 @@ def test_sync_bn_judge_fails_when_the_control_does_not_differ():
     _judged(J.judge_sync_bn, good, {
         "synced differs": _wrong(good, synced_vs_one=1e-2),
         "control proves nothing": _wrong(good, unsynced_vs_one=1e-5),
+        "control barely farther": _wrong(good, synced_vs_one=2e-5, unsynced_vs_one=1.5e-4),
         "not converted": _wrong(good, converted=False),
         "one rank": _wrong(good, synced__world_size=1),
         "other batch": _wrong(good, synced__global_batch=64),
