@@ -373,22 +373,28 @@ def measure_fsdp(ctx, outputs, check) -> dict[str, Any]:
     step, last = checkpoints(resumed)[-1]
     m["checkpoint_step"] = step
     try:
-        m["export_vs_checkpoint"] = tensor_diff(exported, merged_fsdp_weights(last, ctx.work / "fsdp" / "merged"))
+        m["export_vs_checkpoint"] = tensor_diff(exported, merged_fsdp_weights(last))
     except Exception as exc:  # noqa: BLE001 - reported: the export could not be compared
         m["export_vs_checkpoint"], m["merge_error"] = math.inf, f"{type(exc).__name__}: {exc}"[:300]
     m["keys_vs_model"] = keys_vs_model(exported, check.model, 3, 32)
     return m
 
 
-def merged_fsdp_weights(checkpoint: Path, scratch: Path) -> dict:
-    """The model tensors of an FSDP sharded checkpoint, gathered on the CPU (accelerate merge-weights)."""
-    from accelerate.utils.fsdp_utils import _distributed_checkpoint_to_merged_weights
-    from safetensors.torch import load_file
+def merged_fsdp_weights(checkpoint: Path) -> dict:
+    """The model tensors of an FSDP sharded checkpoint (``pytorch_model_fsdp_0/``), gathered on the CPU as
+    ``accelerate merge-weights`` gathers them (torch's distributed-checkpoint reader, no process group)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner, _load_state_dict
 
-    shards = [p for p in checkpoint.iterdir() if p.is_dir() and p.name.startswith("pytorch_model_fsdp")]
+    shards = sorted(p for p in checkpoint.iterdir() if p.is_dir() and p.name.startswith("pytorch_model_fsdp"))
     if not shards:
         raise FileNotFoundError(f"no pytorch_model_fsdp_* folder in {checkpoint}")
-    return load_file(str(_distributed_checkpoint_to_merged_weights(str(shards[0]), str(scratch))))
+    state: dict = {}
+    _load_state_dict(state, storage_reader=dcp.FileSystemReader(str(shards[0])),
+                     planner=_EmptyStateDictLoadPlanner(), no_dist=True)  # fmt: skip
+    while len(state) == 1 and isinstance(next(iter(state.values())), dict):  # {"model": {...}}
+        state = next(iter(state.values()))
+    return state
 
 
 def keys_vs_model(exported: dict, model: str, channels: int, size: int) -> list[str]:

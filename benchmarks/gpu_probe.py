@@ -66,12 +66,20 @@ def _cuda_info() -> dict[str, Any]:
     info: dict[str, Any] = {"available": torch.cuda.is_available(), "torch": torch.__version__}
     if not info["available"]:
         return info
-    props = torch.cuda.get_device_properties(0)
-    info.update(
-        device=props.name, count=torch.cuda.device_count(), capability=list(torch.cuda.get_device_capability(0)),
-        memory_gib=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda,
-        cudnn=torch.backends.cudnn.version(), nccl=".".join(map(str, torch.cuda.nccl.version())),
-    )  # fmt: skip
+    facts = {
+        "device": lambda: torch.cuda.get_device_name(0),
+        "count": torch.cuda.device_count,
+        "capability": lambda: list(torch.cuda.get_device_capability(0)),
+        "memory_gib": lambda: round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1),
+        "cuda": lambda: torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version,
+        "nccl": lambda: str(torch.cuda.nccl.version()),
+    }
+    for name, read in facts.items():
+        try:
+            info[name] = read()
+        except Exception as exc:  # noqa: BLE001 - one unreadable fact is reported, the rest still are
+            info[name] = f"unreadable: {type(exc).__name__}"
     return info
 
 

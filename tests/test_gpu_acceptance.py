@@ -98,6 +98,23 @@ def test_every_check_has_a_timeout_and_the_default_budget_fits_one_command():
     assert S.parse_args([]).budget_s < 570
 
 
+def test_every_training_command_of_the_plan_parses(tmp_path):
+    """A flag the training command does not know would fail on the device, after a machine was started for it."""
+    from accel_train.config import parse_config
+
+    ctx = R.Context(tmp_path / "work", tmp_path / "out", 1, 0)
+    parsed = 0
+    for check in S.build_checks(ctx):
+        for step in check.steps:
+            argv = [str(a) for a in step.argv]
+            at = next((i for i, a in enumerate(argv) if a.endswith("scripts/train.py") or a == "shared-gpu-rank"), None)
+            if at is not None:
+                cfg = parse_config(argv[at + 1 :])
+                assert Path(cfg.output_dir) == step.out_dir, (check.name, step.label)
+                parsed += 1
+    assert parsed >= 20
+
+
 def test_without_cuda_the_run_is_one_line_and_exit_2(tmp_path, capsys):
     assert S.main(["--only", "resume", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -461,6 +478,30 @@ def test_fsdp_judge_fails_on_a_diverged_resume_a_stale_export_and_wrong_keys():
         "not FSDP": _wrong(good, resumed__distributed_type="NO"),
         "no resume": _wrong(good, resume_reported=False),
     })  # fmt: skip
+
+
+def test_fsdp_export_is_compared_with_the_sharded_checkpoint_read_on_the_cpu(tmp_path):
+    """A torch distributed checkpoint as FSDP writes it ({"model": ...} in pytorch_model_fsdp_0/), merged without
+    a process group; an export that is not the checkpoint (one tensor off by 1e-3) is caught."""
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from benchmarks.gpu_models import bn_net
+
+    model = bn_net().state_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"model": model}, storage_writer=dcp.FileSystemWriter(str(tmp_path / "pytorch_model_fsdp_0")),
+                 no_dist=True)  # fmt: skip
+    merged = J.merged_fsdp_weights(tmp_path)
+    assert J.tensor_diff(merged, model) == 0.0 and not J.keys_vs_model(merged, "benchmarks.gpu_models:bn_net", 3, 32)
+    stale = {k: v.clone() for k, v in model.items()}
+    stale["fc.weight"] += 1e-3
+    good = _fsdp_good()
+    assert J.judge_fsdp({**good, "export_vs_checkpoint": J.tensor_diff(stale, merged)})[0] == R.FAIL
+    assert J.keys_vs_model({"fc.weight": torch.zeros(5, 512)}, "benchmarks.gpu_models:bn_net", 3, 32)
 
 
 def test_compile_judge_fails_when_nothing_compiled_or_the_resume_diverged():
