@@ -36,7 +36,7 @@ from accel_train.preprocess import describe_training_images
 from accel_train.resume import check_extension
 from accel_train.run_dir import ABANDONED, CONFIG, RunDir
 from accel_train.run_plan import warn_about_run
-from accel_train.runtime import Runtime, bf16_cpu_note, configure_backends
+from accel_train.runtime import Runtime, bf16_cpu_note, check_fsdp_batchnorm, configure_backends
 from accel_train.tracking import RunLogger, tracker_names
 from accel_train.trainer import Trainer
 
@@ -155,6 +155,7 @@ def _prepare(cfg: TrainConfig, rt: Runtime, splits: DataSplits, plan: BatchPlan,
     model, dropout = use_keyed_dropout(model, cfg.seed)  # masks keyed on the sample, the same on any setup
     conv = any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
     backends = configure_backends(acc.device, acc.mixed_precision, cfg.tf32, cfg.channels_last, conv)
+    check_fsdp_batchnorm(acc.distributed_type, acc.mixed_precision, acc.device.type, backends.channels_last, model)
     if cfg.max_device_batch == AUTO:  # probed before --sync-bn: no rank may wait in a collective meanwhile
         shape = (info.in_channels, info.image_size, info.image_size)
         plan = fit_device_batch(acc, model, plan, shape, dropout, even=cfg.mixup > 0 or cfg.cutmix > 0)

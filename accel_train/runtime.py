@@ -248,6 +248,27 @@ def configure_backends(
     return Backends(tf32=use_tf32, cudnn_benchmark=benchmark, channels_last=channels_last)
 
 
+def check_fsdp_batchnorm(
+    distributed_type: str, mixed_precision: str | None, device_type: str, channels_last: bool, model: nn.Module
+) -> None:
+    """FSDP in bf16/fp16 with BatchNorm in NCHW: one line instead of CUDA's error in the first backward.
+
+    accelerate's FSDP2 mixed-precision policy casts every parameter, BatchNorm's weight and bias too, to the
+    half type while the running statistics (buffers) stay fp32, and CUDA's NCHW batch-norm backward refuses
+    the mix ("Expected running_mean to have type BFloat16"; torchtitan #674). channels_last (the default for
+    conv models in bf16/fp16) takes a kernel that accepts it.
+    """
+    half = mixed_precision in ("bf16", "fp16")
+    if not (str(distributed_type).endswith("FSDP") and half and device_type == "cuda" and not channels_last):
+        return
+    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        raise LaunchError(
+            f"FSDP in {mixed_precision} casts BatchNorm's weights to {mixed_precision} while its running statistics "
+            "stay fp32, which CUDA's NCHW batch norm refuses; drop --no-channels-last (channels_last works), or "
+            "train this model in fp32 (--mixed-precision no)"
+        )
+
+
 def local_world_size(env: dict[str, str] | os._Environ = os.environ) -> int:
     return int(env.get("LOCAL_WORLD_SIZE") or 1)
 

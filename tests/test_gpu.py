@@ -355,3 +355,36 @@ def test_conv_models_under_mixed_precision_default_to_channels_last(mixed_precis
     precision, out = mixed_precision_run
     resolved = yaml.safe_load((out / "config.yaml").read_text())["resolved"]
     assert resolved["channels_last"] is True and resolved["cudnn_benchmark"] is True, resolved
+
+
+# ---- issue 25: the GPU side of the source defects ----------------------------------------------------------------
+@pytest.mark.gpu
+def test_cuda_nchw_batch_norm_rejects_bf16_weights_with_fp32_statistics():
+    """Why FSDP in bf16 with BatchNorm needs channels_last (runtime.check_fsdp_batchnorm). If this starts to pass,
+    torch accepts the mix and the refusal can go."""
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.randn(8, 4, 6, 6, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.ones(4, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    bias = torch.zeros(4, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    mean, var = torch.zeros(4, device="cuda"), torch.ones(4, device="cuda")
+    with pytest.raises(RuntimeError, match="running_mean|dtype|type"):
+        F.batch_norm(x, mean, var, weight, bias, training=True).float().sum().backward()
+        torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+def test_fsdp_bf16_batchnorm_without_channels_last_is_one_line(tmp_path):
+    args = ["--model", "resnet18", *CIFAR_SHAPED, "--batch-size", "32", "--max-steps", "2", "--no-channels-last", *FAST]
+    proc = run_script("train.py", *args, "--output-dir", str(tmp_path / "run"), config="fsdp.yaml",
+                      launch_args=("--num_processes", "1"))  # fmt: skip
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert errors and "drop --no-channels-last" in errors[0], proc.stderr[-3000:]
+
+
+@pytest.mark.gpu
+def test_peak_memory_counts_training_and_reserved_memory_is_reported(default_gpu_run):
+    s = summary(default_gpu_run)
+    assert s["peak_reserved_memory_mb"] >= s["peak_memory_mb"] > 0

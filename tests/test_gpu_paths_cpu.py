@@ -286,3 +286,67 @@ def test_slurm_signal_reaches_the_job_steps():
     signal_lines = [line for line in text.splitlines() if line.startswith("#SBATCH --signal")]
     assert signal_lines and all("B:" not in line.split()[1] for line in signal_lines), signal_lines
     assert "exec accelerate launch" in text  # the launcher replaces bash: nothing in between swallows SIGTERM
+
+
+# ---- issue 25: FSDP in half precision with BatchNorm in NCHW is one line --------------------------------------
+def test_fsdp_half_precision_batchnorm_without_channels_last_is_refused_in_one_line():
+    from accel_train.models import create_model
+    from accel_train.runtime import check_fsdp_batchnorm
+
+    bn, plain = create_model("resnet18", 10, 3, 32), create_model("lenet")
+    with pytest.raises(LaunchError, match=r"FSDP in bf16 casts BatchNorm.*drop --no-channels-last") as caught:
+        check_fsdp_batchnorm("DistributedType.FSDP", "bf16", "cuda", False, bn)
+    assert "\n" not in str(caught.value)
+    with pytest.raises(LaunchError, match="FSDP in fp16"):
+        check_fsdp_batchnorm("FSDP", "fp16", "cuda", False, bn)
+    for allowed in (
+        ("FSDP", "bf16", "cuda", True, bn),  # channels_last: the default for conv models in bf16
+        ("FSDP", "no", "cuda", False, bn),  # fp32: parameters and statistics agree
+        ("FSDP", "bf16", "cuda", False, plain),  # no BatchNorm
+        ("MULTI_GPU", "bf16", "cuda", False, bn),  # DDP keeps BatchNorm's parameters in fp32 (autocast)
+        ("FSDP", "bf16", "cpu", False, bn),
+    ):
+        check_fsdp_batchnorm(*allowed)
+
+
+# ---- issue 25: memory peaks start when training starts; the probe's cache goes back -----------------------------
+def test_peak_memory_is_reset_before_the_first_step_and_reserved_memory_is_reported(tmp_path, monkeypatch):
+    import accel_train.trainer as trainer_module
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: calls.append(("reset", device)))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 3 * 2**20)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device: 8 * 2**20)
+    cuda = torch.device("cuda", 0)
+    trainer_module._reset_peak_memory(cuda)
+    trainer_module._reset_peak_memory(torch.device("cpu"))  # nothing to reset on the CPU
+    assert calls == [("reset", cuda)]
+    assert (trainer_module._peak_memory_mb(cuda), trainer_module._peak_memory_mb(cuda, reserved=True)) == (3.0, 8.0)
+
+    trainer = _build(tmp_path / "run", "--max-steps", "2")
+    seen = []
+    monkeypatch.setattr(trainer_module, "_reset_peak_memory", lambda device: seen.append(trainer.state.global_step))
+    summary = _fit(trainer)
+    assert seen == [0]  # once, before any step: set-up's peaks are not training's
+    assert summary["peak_memory_mb"] is None and summary["peak_reserved_memory_mb"] is None  # CPU
+
+
+def test_max_device_batch_probe_gives_its_cached_memory_back_before_the_data_is_placed(monkeypatch):
+    from contextlib import nullcontext
+
+    from accelerate.utils import DistributedType
+
+    from accel_train.data.pipeline import plan_batches
+    from accel_train.features import device_batch
+
+    released = []
+    monkeypatch.setattr(device_batch, "_release", lambda: released.append("release"))
+    acc = SimpleNamespace(
+        distributed_type=DistributedType.NO, device=torch.device("meta"),
+        reduce=lambda t, reduction: torch.tensor([-64]),  # the ranks agree on 64 (a meta tensor holds no value)
+        autocast=nullcontext, print=lambda *a: released.append("chosen"),
+    )  # fmt: skip
+    plan = plan_batches(1, 16, 1, 64, None)
+    chosen = device_batch.fit_device_batch(acc, nn.Linear(12, 3), plan, (12,), None, even=False)
+    assert chosen.micro_batch == 64  # the meta device never runs out of memory
+    assert released == ["release", "chosen"]  # the cache went back after the probe, before anything else

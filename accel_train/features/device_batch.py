@@ -120,8 +120,10 @@ def fit_device_batch(
     def agree(fits: int) -> int:
         return -int(acc.reduce(torch.tensor([-fits], device=device), reduction="max").item())
 
+    release = _release if device.type != "cpu" else lambda: None
     with torch.random.fork_rng(devices=devices):
-        micro = choose_micro_batch(per_process, probe, agree, even, _release if device.type != "cpu" else lambda: None)
+        micro = choose_micro_batch(per_process, probe, agree, even, release)
+    release()  # the probe's cached blocks go back: placing the data on the device budgets from the free memory
     with torch.no_grad():
         for name, b in model.named_buffers():
             b.copy_(buffers[name])
