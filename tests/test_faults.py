@@ -7,7 +7,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 
 import pytest
 from conftest import FAST, REPO, _env, check, fit_here, launch_cmd, max_abs_diff, metrics, run_script, summary, weights
@@ -70,7 +69,6 @@ def test_sigkilled_worker_restarts_and_finishes_identically(tmp_path, straight_2
 
 def test_failing_rank_stops_every_rank_and_is_named(tmp_path):
     out = tmp_path / "run"
-    t0 = time.time()
     proc = run_script(
         FAULTY,
         *LENET,
@@ -79,24 +77,21 @@ def test_failing_rank_stops_every_rank_and_is_named(tmp_path):
         "--max-steps",
         "40",
         "--dist-timeout",
-        "20",
+        "900",  # the peer must stop at once, not after this: if it waited, the 300 s below would end the test
         "--output-dir",
         str(out),
         config="multi_cpu.yaml",
         env={"FAULT_RANK": "1", "FAULT_CALL": "5"},
-        timeout=120,
+        timeout=300,  # liveness, not speed: a loaded 2-core machine took 54 s where an idle one takes 20
     )
-    elapsed = time.time() - t0
     assert proc.returncode != 0
     assert "[rank 1] error" in proc.stderr and "injected failure on rank 1" in proc.stderr
-    assert elapsed < 20 + 30, f"took {elapsed:.0f}s"
     assert not (out / "summary.json").exists()
 
 
 def test_hung_rank_times_out_everywhere(tmp_path):
     """A rank that hangs: the peer's collective fails after --dist-timeout and every process exits non-zero."""
     out = tmp_path / "run"
-    t0 = time.time()
     proc = run_script(
         FAULTY,
         *LENET,
@@ -114,13 +109,11 @@ def test_hung_rank_times_out_everywhere(tmp_path):
         env={"FAULT_RANK": "1", "FAULT_CALL": "5"},
         timeout=180,
     )
-    elapsed = time.time() - t0
     assert proc.returncode != 0
     assert "[rank 0] error" in proc.stderr
     # the hung rank got the launcher's SIGTERM, found no step boundary and left after --stop-grace
     assert "no step boundary reached 2s after SIGTERM" in proc.stderr, proc.stderr[-3000:]
-    # timeout 5 s + the 2 s grace + start-up
-    assert elapsed < 5 + 2 + 60, f"took {elapsed:.0f}s"
+    # no wall-clock bound beyond the subprocess timeout above (a hang is minutes): the line above is the proof
 
 
 def test_nonfinite_loss_stops_with_own_exit_code_and_keeps_last_good_checkpoint(tmp_path):
