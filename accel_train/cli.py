@@ -20,9 +20,12 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UserError(f"{message} (see --help)")
 
 
+def _world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
 def _rank_prefix() -> str:
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    return f"[rank {os.environ.get('RANK', '0')}] " if world > 1 else ""
+    return f"[rank {os.environ.get('RANK', '0')}] " if _world_size() > 1 else ""
 
 
 ERROR_LINE_LIMIT = 2000  # characters of the one-line error a script prints
@@ -35,6 +38,22 @@ def _error_line(line: str, limit: int = ERROR_LINE_LIMIT) -> str:
         return line
     keep = limit - 90  # room for the suffix
     return f"{line[:keep]} … ({len(line) - keep:,} more characters; rerun with --debug for the full text)"
+
+
+def _unexpected(exc: Exception, debug: bool) -> int:
+    """An exception no code turned into an ``AccelTrainError``: a bug, printed with its traceback (exit 1), unless
+    it is a collective that failed because another process of the run is gone (one line, ``PeerLostError``)."""
+    from accel_train.errors import peer_lost
+
+    lost = peer_lost(exc, int(os.environ.get("RANK", "0") or 0), _world_size())
+    if lost is None:
+        print(f"{_rank_prefix()}error: unexpected failure (traceback below)", file=sys.stderr, flush=True)
+        traceback.print_exc()
+        return 1
+    if debug:
+        traceback.print_exc()
+    print(_error_line(f"{_rank_prefix()}error: {lost}"), file=sys.stderr, flush=True)
+    return lost.exit_code
 
 
 def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None) -> None:
@@ -55,10 +74,8 @@ def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
     except KeyboardInterrupt:
         print(f"{_rank_prefix()}interrupted", file=sys.stderr, flush=True)
         code = 130
-    except Exception:
-        print(f"{_rank_prefix()}error: unexpected failure (traceback below)", file=sys.stderr, flush=True)
-        traceback.print_exc()
-        code = 1
+    except Exception as exc:
+        code = _unexpected(exc, debug)
     from accel_train.runtime import finish_process, launched_world_size  # torch: only after main ran
 
     if launched_world_size() > 1:

@@ -12,6 +12,7 @@ import dataclasses
 import datetime
 import difflib
 import math
+import re
 import reprlib
 from dataclasses import fields
 from pathlib import Path
@@ -92,6 +93,7 @@ def load_yaml_config(path: str | Path) -> dict[str, Any]:
                 f"--config {path}: {key}: {written} was read as {_short_repr(value)}, not as text; "
                 f"quote it: {key}: '{written}'"
             )
+        value = _decimal(value, _scalar_text(yaml, node, raw_key))  # epochs: 010 is 10, not YAML 1.1's octal 8
         out[key] = _coerce_parsed(path, key, value, known[key])
     return out
 
@@ -176,6 +178,17 @@ class _NoColon:
 
     def match(self, value: str) -> Any:
         return None if ":" in value else self.pattern.match(value)
+
+
+_OCTAL_1_1 = re.compile(r"[-+]?0[0-7_]+")  # YAML 1.1's octal ints: 010 is 8
+
+
+def _decimal(value: Any, written: str | None) -> Any:
+    """A number field's YAML 1.1 octal int (``epochs: 010``, read as 8) as the decimal it reads as on the command
+    line (``--epochs 010`` is 10) and in YAML 1.2; any other value as it is."""
+    if isinstance(value, bool) or not isinstance(value, int) or written is None:
+        return value
+    return int(written.replace("_", ""), 10) if _OCTAL_1_1.fullmatch(written) else value
 
 
 class _DuplicateKey(Exception):
@@ -355,8 +368,9 @@ def _coerce(path: Path, key: str, value: Any, f: dataclasses.Field) -> Any:
         raise UserError(f"--config {path}: {key} needs a value")
     if typ is bool and not isinstance(value, bool):
         raise UserError(f"--config {path}: {key} must be true or false, got {_short_repr(value)}")
-    if typ is str and isinstance(value, (list, dict)):
-        raise UserError(f"--config {path}: {key} takes one value, got {_short_repr(value)}")
+    if typ is str and not isinstance(value, str):  # a list, a !!set, ... (the loop names YAML 1.1's scalars)
+        what = "takes one value" if isinstance(value, (list, dict, set, tuple)) else "must be text"
+        raise UserError(f"--config {path}: {key} {what}, got {_short_repr(value)}")
     if typ is float and isinstance(value, str):
         # YAML 1.1 reads 1e-3 (no dot) as a string; --lr 1e-3 on the command line is a float, so is this.
         try:

@@ -6,10 +6,15 @@ Splits: ``train`` plus ``test`` (or ``validation``); a single split or a plain
 ``Dataset`` is split by ``cfg.val_split``/``cfg.seed``, stratified by class.
 Images may be ``datasets.Image`` (PIL) or arrays. Splits small enough are
 decoded once into uint8 tensors; larger ones are decoded lazily per sample.
+Before anything is decoded, each split's columns are checked on their Arrow
+data: rows, one class per row (ClassLabel, ints, strings, booleans or
+whole-number floats; no lists, fractions, None/NaN or ClassLabel's -1) and an
+image in every row; what fails is one line naming the split, column and fix.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +64,15 @@ def _load(name: str):
     if _is_saved_to_disk(path):
         try:
             return datasets.load_from_disk(str(path)), str(path.absolute())
+        except IndexError as exc:  # datasets cannot read back what save_to_disk writes for 0 rows (no data files)
+            empty = _empty_splits(path)
+            if empty is None:
+                raise UserError(f"cannot read the save_to_disk directory {path.absolute()}: {exc}") from exc
+            what = f"split {', '.join(map(repr, empty))} of " if empty else ""
+            raise UserError(
+                f"{what}hf dataset {path.absolute()} has no rows (save_to_disk wrote no data files); save it with "
+                f"images and labels{', or remove that split' if empty else ''}, or pass another hf:<path>"
+            ) from None
         except (OSError, ValueError, KeyError) as exc:
             raise UserError(f"cannot read the save_to_disk directory {path.absolute()}: {exc}") from exc
     if name.startswith((".", "/", "~")) and not path.exists():
@@ -76,12 +90,28 @@ def _load(name: str):
         raise UserError(f"could not load Hugging Face dataset {name!r}: {exc}") from exc
 
 
+def _empty_splits(path: Path) -> list[str] | None:
+    """Which parts of a ``save_to_disk`` directory were saved with no data files (0 rows): ``[]`` for a plain
+    ``Dataset``, the split names for a ``DatasetDict``, None when none was."""
+    parts = [(path, None)] + [(sub, sub.name) for sub in sorted(path.iterdir()) if sub.is_dir()]
+    empty = []
+    for folder, split in parts:
+        try:
+            if json.loads((folder / "state.json").read_text()).get("_data_files") == []:
+                empty.append(split)
+        except (OSError, ValueError, AttributeError):
+            continue  # no state.json here (a DatasetDict's top level), or not one save_to_disk wrote
+    if not empty:
+        return None
+    return [split for split in empty if split is not None]
+
+
 def _pick_splits(obj: Any, name: str):
-    """(train, test or None) from a ``DatasetDict`` or a plain ``Dataset``."""
+    """(train, test or None, their split names) from a ``DatasetDict`` or a plain ``Dataset``."""
     import datasets
 
     if isinstance(obj, datasets.Dataset):
-        return obj, None
+        return obj, None, (None, None)
     if not isinstance(obj, datasets.DatasetDict):
         raise UserError(f"{name!r} loaded as {type(obj).__name__}; expected a Dataset or DatasetDict (no streaming)")
     keys = list(obj)
@@ -92,7 +122,7 @@ def _pick_splits(obj: Any, name: str):
     else:
         raise UserError(f"{name!r} has no 'train' split; its splits are: {', '.join(keys)}")
     test_key = next((k for k in TEST_SPLITS if k in obj and k != train_key), None)
-    return obj[train_key], (obj[test_key] if test_key else None)
+    return obj[train_key], (obj[test_key] if test_key else None), (train_key, test_key)
 
 
 def _pick_column(columns: list[str], requested: str | None, candidates: tuple[str, ...], what: str, flag: str) -> str:
@@ -110,6 +140,99 @@ def _pick_column(columns: list[str], requested: str | None, candidates: tuple[st
             f"name it with {flag}"
         )
     return found
+
+
+LABEL_FIX = "pick a column with one class per row (integers, strings or a ClassLabel) with --label-column"
+_LABEL_DTYPES = frozenset(
+    {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool", "string", "large_string"}
+)
+_FLOAT_DTYPES = frozenset({"float16", "float32", "float64"})
+
+
+def _kind_of(feature: Any) -> str:
+    """How a column that is not what it should be reads in a message: "a list per row (List(Value('int64')))"."""
+    import datasets
+
+    text = repr(feature) if len(repr(feature)) <= 80 else f"{repr(feature)[:80]}..."
+    if type(feature).__name__ in ("List", "LargeList", "Sequence") or isinstance(feature, list):
+        return f"a list per row ({text})"
+    if isinstance(feature, dict):
+        return f"a record of several fields per row ({text})"
+    if isinstance(feature, datasets.Image):
+        return "images"
+    if isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string"):
+        return "text"
+    return f"{text} values"
+
+
+def _missing(data, col: str, what: str, fix: str, where: str, negative: bool = False) -> None:
+    """Refuse rows of ``col`` with no value: None (NaN for floats; with ``negative``, ClassLabel's -1 too)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    values = data.select_columns([col]).with_format("arrow")[:][col]
+    bad = pc.is_null(values, nan_is_null=True)
+    if negative:
+        bad = pc.or_kleene(bad, pc.less(values, 0))  # None or -1 (plain or_ would be null for None)
+    count = pc.sum(pc.cast(bad, "int64")).as_py() or 0
+    if count:
+        first = pc.index(bad, True).as_py()
+        none = "None or NaN" if pa.types.is_floating(values.type) else "None"
+        none += ", or -1 = no label in a ClassLabel column" if negative else ""
+        raise UserError(
+            f"{where}: {what} column {col!r} has no value ({none}) in {count} of {len(values)} rows, first at row "
+            f"{first}; drop those rows (Dataset.filter) and save_to_disk again, or {fix}"
+        )
+
+
+def _check_labels(data, col: str, where: str) -> None:
+    """One class per row: a ClassLabel, integers, strings, booleans or whole-number floats, none missing."""
+    import datasets
+    import pyarrow.compute as pc
+
+    feature = data.features[col]
+    is_class = isinstance(feature, datasets.ClassLabel)
+    dtype = feature.dtype if isinstance(feature, datasets.Value) else None
+    if not is_class and dtype not in _LABEL_DTYPES | _FLOAT_DTYPES:
+        kind = _kind_of(feature)
+        multi = "; multi-label data is not supported" if kind.startswith("a list per row") else ""
+        raise UserError(f"{where}: label column {col!r} holds {kind}, not one class per row{multi}; {LABEL_FIX}")
+    _missing(data, col, "label", LABEL_FIX, where, negative=is_class)
+    if dtype in _FLOAT_DTYPES:
+        values = data.select_columns([col]).with_format("arrow")[:][col]
+        fractional = pc.not_equal(values, pc.floor(values))
+        if pc.any(fractional).as_py():
+            example = values[pc.index(fractional, True).as_py()].as_py()
+            raise UserError(
+                f"{where}: label column {col!r} holds fractional numbers (e.g. {example}), which are not classes "
+                f"(a regression target?); {LABEL_FIX}"
+            )
+
+
+def _check_images(data, col: str, where: str) -> None:
+    """Images or image arrays in every row."""
+    import datasets
+
+    feature = data.features[col]
+    fix = "pick the image column with --image-column"
+    if isinstance(feature, (datasets.Value, datasets.ClassLabel)):
+        encoded = getattr(feature, "dtype", None) in ("string", "large_string", "binary", "large_binary")
+        path_hint = (
+            "; if they are file paths or encoded image files, cast the column first: "
+            f"dataset.cast_column({col!r}, datasets.Image())"
+            if encoded
+            else ""
+        )
+        raise UserError(f"{where}: image column {col!r} holds {_kind_of(feature)}, not images{path_hint}; {fix}")
+    _missing(data, col, "image", fix, where)
+
+
+def _check_split(data, split: str | None, name: str, image_col: str, label_col: str) -> None:
+    where = f"{name!r}" + (f" split {split!r}" if split else "")
+    if len(data) == 0:
+        raise UserError(f"{where} has no rows; save a dataset with images and labels, or pass another hf:<path>")
+    _check_images(data, image_col, where)
+    _check_labels(data, label_col, where)
 
 
 def _column(data, col: str) -> np.ndarray:
@@ -161,10 +284,13 @@ def build_hf(cfg: DataConfig, name: str) -> DataSplits:
     import datasets
 
     obj, source = _load(name)
-    train, test = _pick_splits(obj, name)
+    train, test, (train_split, test_split) = _pick_splits(obj, name)
     columns = list(train.column_names)
     image_col = _pick_column(columns, cfg.image_column, IMAGE_COLUMNS, "image", "--image-column")
     label_col = _pick_column(columns, cfg.label_column, LABEL_COLUMNS, "label", "--label-column")
+    _check_split(train, train_split, name, image_col, label_col)
+    if test is not None:
+        _check_split(test, test_split, name, image_col, label_col)
     class_names, uniques = _class_names(train, test, label_col)
     if len(class_names) < 2:
         raise UserError(f"{name!r}: column {label_col!r} has {len(class_names)} class(es); need at least 2 classes")
