@@ -207,6 +207,8 @@ def test_readme_commands_and_ci_install_through_the_constraints():
             pins[canonicalize_name(name)] = version
     left_out = {"torch", "torchvision"}  # platform builds: named in the header instead
     assert all(name in text.split("\n\n")[0] for name in left_out)
+    platform = [n for n in pins if n in left_out or n == "triton" or n.startswith(("nvidia-", "cuda-"))]
+    assert not platform, f"platform builds pinned (a GPU machine or a CPU wheel would conflict): {platform}"
     for req_file in ("requirements.txt", "requirements-dev.txt"):
         for line in (REPO / req_file).read_text().splitlines():
             line = line.split("#")[0].strip()
