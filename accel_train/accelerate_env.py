@@ -5,7 +5,8 @@ and users set them by hand too. accelerate reads some of them unchecked: ``ACCEL
 (or ``BF16``, in capitals) trains in fp32 and is recorded as ``"bogus"``; others end in a traceback deep inside
 accelerate (``fp8`` without Transformer Engine, a truth value it cannot parse, a step count that is not a
 number, an unknown dynamo backend or torch device). Each is one line here, naming the variable, its value
-and the values allowed. Light: accelerate (and torch) load only to check a dynamo backend.
+and the values allowed, each judged by the parser accelerate itself uses. Called where the Accelerator is
+built (accelerate and torch are loaded there anyway).
 """
 
 from __future__ import annotations
@@ -13,12 +14,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from accel_train.config import MIXED_PRECISION as PRECISIONS  # --mixed-precision's choices (fp8: not supported)
 from accel_train.errors import UserError
 
-#: What accel_train trains with (``--mixed-precision``'s choices; fp8 needs Transformer Engine or MS-AMP and a
-#: recent GPU, which accel_train does not support).
-PRECISIONS = ("no", "fp16", "bf16")
-_TRUTH = ("1", "0", "true", "false", "yes", "no", "y", "n", "t", "f", "on", "off")  # accelerate's str_to_bool
 _FLAGS = ("ACCELERATE_USE_CPU", "ACCELERATE_DEBUG_MODE", "ACCELERATE_DYNAMO_USE_FULLGRAPH",
           "ACCELERATE_DYNAMO_USE_DYNAMIC", "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION")  # fmt: skip
 
@@ -46,15 +44,21 @@ def mixed_precision_from_env(env: Mapping[str, str] = os.environ) -> str | None:
 def check_accelerate_env(env: Mapping[str, str] = os.environ) -> str | None:
     """Refuse every ``ACCELERATE_*`` value accelerate would misread or fail on; returns the mixed precision the
     environment asks for (lower case; None when unset), to be passed to the Accelerator explicitly."""
+    from accelerate.utils import str_to_bool  # what accelerate parses these flags with: the same verdict
+
     for name in _FLAGS:
         value = env.get(name)
-        if value is not None and value.strip().lower() not in _TRUTH:
-            raise _refuse(name, value, "use true or false (or 1/0, yes/no)")
+        if value is None:
+            continue
+        try:
+            str_to_bool(value)
+        except ValueError:
+            raise _refuse(name, value, "use true or false (or 1/0, yes/no)") from None
     steps = env.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS")
     if steps is not None and not (steps.strip().isdigit() and int(steps) >= 1):
         raise _refuse("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", steps, "use a whole number >= 1")
     backend = env.get("ACCELERATE_DYNAMO_BACKEND")
-    if backend is not None and backend.strip().upper() not in _dynamo_backends():
+    if backend is not None and backend.upper() not in _dynamo_backends():  # accelerate: DynamoBackend(upper())
         raise _refuse("ACCELERATE_DYNAMO_BACKEND", backend, "use no, inductor (what --compile uses) or another "
                       "torch.compile backend accelerate knows")  # fmt: skip
     device = env.get("ACCELERATE_TORCH_DEVICE")
@@ -64,12 +68,16 @@ def check_accelerate_env(env: Mapping[str, str] = os.environ) -> str | None:
 
 
 def _dynamo_backends() -> set[str]:
-    from accelerate.utils import DynamoBackend  # imports torch: only when the variable is set
+    from accelerate.utils import DynamoBackend
 
     return {b.value.upper() for b in DynamoBackend}
 
 
 def _is_device(text: str) -> bool:
-    kind, _, index = text.strip().partition(":")
-    kinds = ("cpu", "cuda", "mps", "xpu", "npu", "mlu", "musa", "hpu", "sdaa", "meta", "xla")
-    return kind in kinds and (index == "" or index.isdigit())
+    import torch  # accelerate reads the variable with torch.device(text): the same parser decides here
+
+    try:
+        torch.device(text)
+    except (RuntimeError, ValueError):
+        return False
+    return True

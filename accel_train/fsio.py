@@ -189,3 +189,28 @@ def _open_append(path: str | os.PathLike, what: str) -> IO[str]:
         os.close(fd)
         raise UserError(f"cannot write {what} {path}: it is not a regular file; remove it")
     return os.fdopen(fd, "a")
+
+
+def real_path(path: str | os.PathLike, flag: str) -> Path:
+    """Where ``path`` really leads (links followed, ``~`` expanded); a broken or looping link on the way is refused.
+
+    A missing path resolves as far as its existing part goes (its file is created there)."""
+    absolute = Path(path).expanduser().absolute()
+    for part in (absolute, *absolute.parents):
+        if not part.is_symlink():
+            continue
+        try:
+            os.stat(part)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                why = "is a symbolic link loop (it leads back to itself)"
+            else:
+                why = f"is a broken symbolic link (to {os.readlink(part)}, which does not exist)"
+            where = "" if part == absolute else f" (its folder {part})"
+            raise UserError(f"{flag} {path}{where} {why}; remove or fix the link, or choose another path") from None
+    try:
+        return absolute.resolve()
+    except (OSError, RuntimeError) as exc:  # Python < 3.13: RuntimeError for a loop the walk above did not see
+        raise UserError(
+            f"{flag} {path} cannot be resolved ({exc}); fix the links on it or choose another path"
+        ) from None

@@ -12,13 +12,13 @@ really leads, and the writers write there (:func:`real_path`). Light: no torch.
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from accel_train.errors import UserError
+from accel_train.fsio import real_path
 from accel_train.limits import file_kind
 from accel_train.run_dir import MARKER, OUTPUTS
 
@@ -81,31 +81,6 @@ def weights_inputs(weights: PathLike) -> list[PathLike]:
     ``config.json`` / ``progress.json`` (the model's description)."""
     parent = Path(weights).expanduser().parent
     return [weights, parent / "config.json", parent / "progress.json"] if Path(weights).is_file() else [weights]
-
-
-def real_path(path: PathLike, flag: str) -> Path:
-    """Where ``path`` really leads (links followed, ``~`` expanded); a broken or looping link on the way is refused.
-
-    A missing path resolves as far as its existing part goes (its file is created there)."""
-    absolute = Path(path).expanduser().absolute()
-    for part in (absolute, *absolute.parents):
-        if not part.is_symlink():
-            continue
-        try:
-            os.stat(part)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                why = "is a symbolic link loop (it leads back to itself)"
-            else:
-                why = f"is a broken symbolic link (to {os.readlink(part)}, which does not exist)"
-            where = "" if part == absolute else f" (its folder {part})"
-            raise UserError(f"{flag} {path}{where} {why}; remove or fix the link, or choose another path") from None
-    try:
-        return absolute.resolve()
-    except (OSError, RuntimeError) as exc:  # Python < 3.13: RuntimeError for a loop the walk above did not see
-        raise UserError(
-            f"{flag} {path} cannot be resolved ({exc}); fix the links on it or choose another path"
-        ) from None
 
 
 def _resolved(given: PathLike) -> Path | None:

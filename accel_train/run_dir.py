@@ -38,7 +38,7 @@ from pathlib import Path
 
 from accel_train.checkpoint.state import CHECKPOINT_DIR, list_checkpoints
 from accel_train.errors import UserError
-from accel_train.fsio import WRITE_GUARD, writing
+from accel_train.fsio import WRITE_GUARD, real_path, writing
 from accel_train.limits import file_kind
 from accel_train.run_lock import LOCK, RunLock, pid_alive
 
@@ -165,13 +165,7 @@ class RunDir:
         """Refuse an unusable --output-dir (no side effects)."""
         out = self.path
         absolute = out.expanduser().absolute()
-        try:
-            real = absolute.resolve()
-        except (OSError, RuntimeError) as exc:  # Python < 3.13 raises RuntimeError for a symlink loop
-            raise UserError(
-                f"--output-dir {out} cannot be resolved ({' '.join(str(exc).split())[:120]}): a symbolic link loop? "
-                "remove the link or choose another folder"
-            ) from None
+        real = real_path(out, "--output-dir")  # a broken or looping link on the way: one line
         if real == Path(real.anchor) or real == Path.home().resolve():
             what = "a filesystem root" if real == Path(real.anchor) else "your home folder"
             raise UserError(
