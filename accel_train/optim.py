@@ -40,13 +40,13 @@ def build_optimizer(cfg: TrainConfig, model: nn.Module, lr: float) -> torch.opti
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int):
-    """``LambdaLR`` over the raw optimizer, stepped once per real optimizer step by the trainer.
+    """``LambdaLR`` over the raw optimizer, stepped once per optimizer step by the trainer (not after a --skip-nonfinite skip).
 
     Never passed to ``accelerator.prepare`` (its prepared scheduler steps once per process per
     call) nor registered for checkpointing (its state travels as JSON in ``progress.json``).
     """
     # fp16: accelerate swaps optimizer.step around GradScaler.step, and LambdaLR then warns that step() was
-    # "overridden"; the order is right (the trainer steps the schedule after each real update).
+    # "overridden"; the order is right (the trainer steps the schedule after each optimizer step).
     warnings.filterwarnings("ignore", message=r"Seems like `optimizer.step\(\)` has been overridden")
     milestones = parse_milestones(cfg.lr_milestones)
     fn = ScheduleFn(total_steps, cfg.lr_schedule, cfg.warmup_steps, milestones, cfg.lr_gamma, cfg.warmup_from)

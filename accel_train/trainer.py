@@ -104,6 +104,7 @@ class Trainer:
     saves: int = 0  # checkpoints this run (attempt) has saved
     exit_code: int = 0  # of a stop: 128 + the signal that stopped the run (any rank's), 0 for --stop-at-step
     _watchdog: list[threading.Timer] = field(default_factory=list)
+    _fp16_skips: torch.Tensor | None = None  # the scaler's skipped steps not yet read back (a device tensor)
 
     @property
     def acc(self):
@@ -223,46 +224,54 @@ class Trainer:
                         bad.zero_()
                 if acc.sync_gradients and cfg.max_grad_norm > 0 and not skip:
                     acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                overflow = False
                 if not skip:
-                    overflow = self._scaled_step()
+                    self._scaled_step()
                 self.optimizer.zero_grad(set_to_none=True)
             self.window.add(loss, logits, labels, finite_only=cfg.skip_nonfinite)
             if not acc.sync_gradients:
                 self._account(t_data, optimizer_step=False)
                 continue
-            self._after_optimizer_step(skip, t_data, overflow)
+            self._after_optimizer_step(skip, t_data)
             if state.global_step >= self.total_steps:
                 break
         self._wait_for_device()  # before the epoch-end evaluation, which is not training time
 
-    def _scaled_step(self) -> bool:
-        """``optimizer.step()``; True when the fp16 loss scaler skipped the update (inf/NaN gradients).
+    def _scaled_step(self) -> None:
+        """``optimizer.step()``; under an fp16 loss scaler, counts a skipped update on the device.
 
-        accelerate's ``optimizer_step_was_skipped`` cannot see a skip inside fused Adam/AdamW
-        (the kernel skips the update itself), so a skip is read where it always shows: the
-        scaler lowers its scale after, and only after, a step with inf/NaN gradients. One host
-        sync per optimizer step, only in fp16 with a scaler (GradScaler syncs there anyway).
+        The scaler lowers its scale after, and only after, a step with inf/NaN gradients, also
+        when fused Adam/AdamW skips inside its kernel where accelerate's
+        ``optimizer_step_was_skipped`` cannot see it. The comparison stays a device tensor, read
+        when a checkpoint or the summary needs the count (:meth:`_settle_fp16_skips`): no host
+        sync per step (GradScaler with a fused optimizer never syncs either).
         """
         scaler = self.acc.scaler if self.acc.sync_gradients else None
-        if scaler is None:
+        scale = getattr(scaler, "_scale", None)  # GradScaler's device tensor, set by scaler.scale(loss)
+        if scaler is None or not isinstance(scale, torch.Tensor):
             self.optimizer.step()
-            return False
-        before = scaler.get_scale()
-        self.optimizer.step()  # accelerate: scaler.step + scaler.update
-        return scaler.get_scale() < before
+            return
+        before = scale.clone()
+        self.optimizer.step()  # accelerate: scaler.step + scaler.update (in place on scaler._scale)
+        skipped = (scaler._scale < before).to(torch.int64)
+        self._fp16_skips = skipped if self._fp16_skips is None else self._fp16_skips + skipped
 
-    def _after_optimizer_step(self, skipped: bool, t_data: float, overflow: bool = False) -> None:
+    def _settle_fp16_skips(self) -> None:
+        """Fold the device-side count of the scaler's skipped steps into ``state`` (one host sync)."""
+        if self._fp16_skips is not None:
+            self.state.fp16_skipped_steps += int(self._fp16_skips.item())
+            self._fp16_skips = None
+
+    def _after_optimizer_step(self, skipped: bool, t_data: float) -> None:
         """Step accounting, logging, evaluation, checkpoint and the stop vote after one optimizer step.
 
-        The LR schedule advances on real updates only: a step skipped for a non-finite loss
-        (--skip-nonfinite) or by the fp16 scaler leaves it where it was, and is counted.
+        A step skipped for a non-finite loss (--skip-nonfinite) leaves the LR schedule and the EMA
+        where they were, and is counted. A step the fp16 loss scaler skips (inf/NaN gradients, a few
+        while the scale settles) advances them, as in PyTorch's AMP recipe: knowing it on the host
+        would cost a GPU sync every step. It is counted on the device (``fp16_skipped_steps``).
         """
         cfg, state = self.cfg, self.state
         if skipped:
             state.nonfinite_skipped += 1
-        elif overflow:
-            state.fp16_skipped_steps += 1
         else:
             self.scheduler.step()
             self.features.after_optimizer_step()  # --ema
@@ -370,6 +379,7 @@ class Trainer:
         if self.last_saved == position:  # e.g. --checkpoint-every fired on the step we stop at
             return
         state.extra["log_window"] = self.window.reduce(self.acc)
+        self._settle_fp16_skips()
         state.extra["train_time_s"] = self.timer.train_s
         state.extra.update(self.features.checkpoint_extra())  # EMA updates, early-stopping counter
         path = save_checkpoint(
@@ -401,6 +411,7 @@ class Trainer:
         """Final evaluation, export, summary.json, confusion matrix and plots (``stopped``: why it ended early)."""
         state, acc, rt, plan = self.state, self.acc, self.rt, self.plan
         final = self.evaluate(with_confusion=True)
+        self._settle_fp16_skips()
         if self.last_eval_step != state.global_step:  # else the epoch-end eval at this step is already logged
             self.log_eval(final)
         self.export(self.run_dir / MODEL)

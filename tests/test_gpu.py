@@ -124,6 +124,34 @@ def test_fp16_reports_skipped_steps_and_its_loss_scale(mixed_precision_run):
         assert s["fp16_skipped_steps"] == 0 and s["loss_scale"] is None  # bf16 needs no scaler
 
 
+@pytest.mark.gpu
+def test_fp16_optimizer_step_does_not_sync_the_gpu():
+    """Trainer._scaled_step under accelerate's fp16 GradScaler and fused Adam, with CUDA's sync check set to raise."""
+    from types import SimpleNamespace
+
+    import torch
+    from accelerate import Accelerator
+
+    from accel_train.trainer import Trainer
+
+    acc = Accelerator(mixed_precision="fp16")
+    linear = torch.nn.Linear(64, 8).to(acc.device)
+    model, opt = acc.prepare(linear, torch.optim.Adam(linear.parameters(), fused=True))
+    fake = SimpleNamespace(acc=acc, optimizer=opt, _fp16_skips=None)
+    x = torch.randn(16, 64, device=acc.device)
+    for step in range(4):
+        with acc.autocast():
+            loss = model(x).float().pow(2).mean() * (float("inf") if step == 1 else 1.0)
+        acc.backward(loss)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            Trainer._scaled_step(fake)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        opt.zero_grad(set_to_none=True)
+    assert int(fake._fp16_skips.item()) == 1  # the step with inf gradients, counted on the device
+
+
 # ---- resume across devices -----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cross_device_runs(tmp_path_factory):
