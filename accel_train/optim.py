@@ -40,7 +40,7 @@ def build_optimizer(cfg: TrainConfig, model: nn.Module, lr: float) -> torch.opti
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int):
-    """``LambdaLR`` over the raw optimizer, stepped once per optimizer step by the trainer (not after a --skip-nonfinite skip).
+    """``LambdaLR`` over the raw optimizer, stepped by the trainer after each step --skip-nonfinite kept.
 
     Never passed to ``accelerator.prepare`` (its prepared scheduler steps once per process per
     call) nor registered for checkpointing (its state travels as JSON in ``progress.json``).
