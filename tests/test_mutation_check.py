@@ -1,0 +1,213 @@
+"""scripts/mutation_check.py (issue 32): its mutant list cannot go stale silently, and its runner judges right.
+
+No mutant of accel_train is run here (the check itself takes tens of minutes): the list is checked against the
+code at this commit (each ``old`` snippet exactly once, the mutated file still compiles, the named tests exist,
+every promise covered), and the runner is run end to end on a tiny git repository of its own with one mutant
+its tests catch, one they do not, and one whose code is gone.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+SCRIPT = REPO / "scripts" / "mutation_check.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("mutation_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+MC = _load()
+
+
+def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
+
+
+# ---- the list --------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mutant", MC.MUTANTS, ids=lambda m: m.name)
+def test_every_mutant_is_planted_exactly_once_and_still_compiles(mutant):
+    """A restructuring that moves code makes this fail: update the mutant to where the code went."""
+    assert MC.stale_reason(REPO, mutant) == ""
+    assert mutant.file.startswith("accel_train/") and mutant.new != mutant.old
+    source = (REPO / mutant.file).read_text(encoding="utf-8")
+    compile(source.replace(mutant.old, mutant.new, 1), mutant.file, "exec")  # a planted bug, not a syntax error
+
+
+def test_names_are_unique_and_the_list_is_long_enough():
+    names = [m.name for m in MC.MUTANTS]
+    assert len(names) == len(set(names)) >= 20
+    assert all(re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", n) for n in names), names
+
+
+def test_every_promise_has_a_mutant_and_every_mutant_a_promise():
+    promises = {m.promise for m in MC.MUTANTS}
+    assert promises == set(MC.PROMISES)
+    for promise in ("unwrapping and export", "resume state", "clipping", "retention", "parity"):
+        assert promise in promises
+
+
+def test_every_named_test_exists():
+    for mutant in MC.MUTANTS:
+        assert mutant.tests, mutant.name
+        for arg in mutant.tests:
+            file, _, function = arg.partition("::")
+            assert (REPO / file).is_file(), (mutant.name, arg)
+            name = function.split("[")[0]
+            if name:
+                assert re.search(rf"^def {name}\(", (REPO / file).read_text(), re.M), (mutant.name, arg)
+
+
+def test_stale_mutants_are_named_with_the_reason(tmp_path):
+    (tmp_path / "accel_train").mkdir()
+    (tmp_path / "accel_train" / "m.py").write_text("x = 1\nx = 1\n")
+    twice = MC.Mutant("twice", "p", "accel_train/m.py", "x = 1", "x = 2", ("t",))
+    gone = MC.Mutant("gone", "p", "accel_train/other.py", "x = 1", "x = 2", ("t",))
+    assert "occurs 2 times, not once" in MC.stale_reason(tmp_path, twice)
+    assert "does not exist" in MC.stale_reason(tmp_path, gone)
+
+
+# ---- the command line ------------------------------------------------------------------------------------------------
+def test_list_prints_every_mutant_and_runs_nothing():
+    proc = _run("--list", "--json")
+    assert proc.returncode == 0, proc.stderr
+    listed = json.loads(proc.stdout)["mutants"]
+    assert [m["name"] for m in listed] == [m.name for m in MC.MUTANTS]
+    assert all(m["stale"] is None and m["tests"] and m["file"] and m["promise"] for m in listed)
+    text = _run("--list")
+    assert text.returncode == 0 and all(m.name in text.stdout for m in MC.MUTANTS)
+
+
+def test_an_unknown_name_is_one_line_and_exit_2():
+    proc = _run("--only", "no-such-mutant")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--list shows the names" in proc.stderr
+
+
+def test_pytest_runs_sequentially_and_stops_at_the_first_failure():
+    cmd = MC.pytest_cmd(["tests/test_x.py"])
+    assert cmd[1:3] == ["-m", "pytest"] and "-x" in cmd and "-rfE" in cmd and cmd[-1] == "tests/test_x.py"
+    assert ["-p", "no:cacheprovider"] == cmd[cmd.index("no:cacheprovider") - 1 : cmd.index("no:cacheprovider") + 1]
+    if importlib.util.find_spec("xdist") is not None:
+        assert cmd[cmd.index("-n") + 1] == "0"  # the suite's conftest would otherwise start 2 workers
+
+
+# ---- judging a run ---------------------------------------------------------------------------------------------------
+OUTPUT = """
+F
+=========================== short test summary info ============================
+FAILED tests/test_a.py::test_one[x-1] - AssertionError: assert 1 == 2
+!!!!!!!!!!!!!!!!!!!!!!!!!! stopping after 1 failures !!!!!!!!!!!!!!!!!!!!!!!!!!!
+1 failed in 0.12s
+"""
+
+
+def test_judge_calls_only_a_failing_test_caught():
+    m = MC.Mutant("m", "p", "accel_train/m.py", "a", "b", ("tests/test_a.py",))
+    caught = MC.judge(m, 1, 3.0, OUTPUT)
+    assert (caught.status, caught.by, caught.caught) == ("caught", "tests/test_a.py::test_one[x-1]", True)
+    assert MC.judge(m, 1, 1.0, "ERROR tests/test_a.py::test_two - fixture failed\n").by == "tests/test_a.py::test_two"
+    assert MC.judge(m, 0, 1.0, "1 passed").status == "survived"
+    assert MC.judge(m, None, 600.0, "").status == "timeout"
+    for code in (2, 3, 4, 5):  # collection error, internal error, usage error, no tests: not caught
+        result = MC.judge(m, code, 1.0, "ERROR collecting tests/test_a.py\nno tests ran")
+        assert result.status == "error" and not result.caught and f"exit {code}" in result.detail
+
+
+def test_exit_status_and_summary():
+    def report(*statuses):
+        return {"mutants": [{"status": s} for s in statuses], "total_s": 10.0, "baseline_s": 2.0}
+
+    assert MC.exit_status(report("caught", "caught")) == 0
+    assert MC.exit_status(report("caught", "survived")) == 1
+    assert MC.exit_status(report("caught", "timeout")) == 1
+    assert MC.exit_status(report("caught", "error")) == 1
+    assert MC.exit_status(report("caught", "survived", "stale")) == 2
+    line = MC.summary_line(report("caught", "survived", "timeout"))
+    assert line.startswith("mutation check: 1 of 3 mutants caught (1 survived, 1 timeout)")
+
+
+def test_baseline_runs_the_union_of_the_tests_once():
+    def mutant(*tests):
+        return MC.Mutant("m", "p", "accel_train/m.py", "a", "b", tests)
+
+    groups = MC.baseline_groups(
+        (mutant("tests/a.py::t1", "tests/b.py"), mutant("tests/a.py::t1", "tests/b.py::t2"), mutant("tests/c.py"))
+    )
+    assert groups == [["tests/a.py::t1", "tests/b.py", "tests/c.py"]]  # b.py::t2 runs with b.py
+    assert MC.baseline_groups((mutant("tests/a.py", "-k", "x"),)) == [["tests/a.py", "-k", "x"]]
+
+
+# ---- end to end, on a tiny repository --------------------------------------------------------------------------------
+TINY_TEST = """
+from accel_train.calc import add
+
+
+def test_add():
+    assert add(2, 3) == 5
+"""
+
+
+def _tiny_repo(root: Path, test: str = TINY_TEST) -> Path:
+    (root / "accel_train").mkdir(parents=True)
+    (root / "accel_train" / "__init__.py").write_text("")
+    (root / "accel_train" / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (root / "tests").mkdir()
+    (root / "tests" / "test_calc.py").write_text(textwrap.dedent(test))
+    subprocess.run(["git", "init", "-q", str(root)], check=True)  # the copy is made from git's file list
+    return root
+
+
+def _mutants(path: Path, *mutants: tuple[str, str, str]) -> Path:
+    common = {"promise": "sums", "file": "accel_train/calc.py", "tests": ["tests/test_calc.py"]}
+    items = [{"name": n, "old": o, "new": w, **common} for n, o, w in mutants]
+    path.write_text(json.dumps(items))
+    return path
+
+
+def test_runner_end_to_end_caught_survived_and_stale(tmp_path):
+    """In a private copy (the tiny repo's file is never touched), with the copy's package imported, not ours."""
+    repo = _tiny_repo(tmp_path / "tiny")
+    listed = _mutants(
+        tmp_path / "mutants.json",
+        ("minus", "return a + b", "return a - b"),  # the test catches it
+        ("swapped", "return a + b", "return b + a"),  # equivalent: nothing can catch it
+        ("gone", "return a * b", "return a / b"),  # the code is not there: stale
+    )
+    proc = _run("--repo", str(repo), "--mutants", str(listed), "--json", "--timeout", "120")
+    assert proc.returncode == 2, proc.stderr  # a stale mutant: the list needs fixing
+    report = json.loads(proc.stdout)
+    by_name = {m["name"]: m for m in report["mutants"]}
+    assert list(by_name) == ["minus", "swapped", "gone"]
+    assert by_name["minus"]["caught"] is True and by_name["minus"]["by"] == "tests/test_calc.py::test_add"
+    assert by_name["swapped"]["caught"] is False and by_name["swapped"]["by"] is None
+    assert by_name["swapped"]["status"] == "survived"
+    assert by_name["gone"]["caught"] is False and by_name["gone"]["status"] == "stale"
+    assert all(set(m) >= {"name", "promise", "caught", "by", "seconds"} for m in report["mutants"])
+    assert report["baseline_s"] > 0 and report["total_s"] >= report["baseline_s"]
+    assert (repo / "accel_train" / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
+    assert "mutation check: 1 of 3 mutants caught (1 survived, 1 stale)" in proc.stderr
+
+
+def test_a_failing_baseline_stops_the_check_in_one_line(tmp_path):
+    repo = _tiny_repo(tmp_path / "tiny", TINY_TEST.replace("== 5", "== 6"))
+    listed = _mutants(tmp_path / "mutants.json", ("minus", "return a + b", "return a - b"))
+    proc = _run("--repo", str(repo), "--mutants", str(listed), "--timeout", "120")
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "the baseline fails" in errors[0] and "tests/test_calc.py::test_add" in errors[0]
+    assert "mutants caught" not in proc.stdout  # no mutant was run
