@@ -138,7 +138,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # and a model the caller compiled (accel_train.train(torch.compile(m))); under DDP it saves the inner module
     _m("checkpoint-keeps-wrapper-prefix", "unwrapping and export", "checkpoint/state.py",
        "weights[i] = {strip_key(k): v for k, v in sd.items()}", "weights[i] = dict(sd)",
-       "tests/test_resume.py::test_resume_across_setups"),
+       "tests/test_promises.py::test_a_caller_compiled_model_checkpoints_without_prefix_and_resumes"),
     _m("strip-key-strips-one-prefix", "unwrapping and export", "checkpoint/keys.py",
        "    while key.startswith(WRAPPER_PREFIXES):", "    if key.startswith(WRAPPER_PREFIXES):",
        "tests/test_runtime.py::test_data_parallel_wrapper_uses_every_visible_gpu_and_checkpoints_stay_unwrapped"),
@@ -189,7 +189,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # eval_loss becomes about eval_loss / batch size, and depends on the eval batch and the number of processes
     _m("eval-loss-averages-batch-means", "distributed evaluation", "evaluation.py",
        "loss_sum += losses.double().sum()", "loss_sum += losses.double().mean()",
-       "tests/test_train_e2e.py::test_parity_one_process_vs_two_and_exact_eval"),
+       "tests/test_promises.py::test_eval_loss_is_the_mean_over_samples_with_uneven_batches"),
     # ---- main-process writes ---------------------------------------------------------------------------------------
     _m("export-on-every-rank", "main-process writes", "trainer.py",
        '        if self.rt.is_main:\n            export_weights(state_dict, out_dir, self.meta["model_config"])\n',
@@ -279,7 +279,7 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("loss-summed-not-averaged", "parity", "features/__init__.py",
        "return F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)",
        'return F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing, reduction="sum")',
-       "tests/test_train_e2e.py::test_parity_one_process_vs_two_and_exact_eval"),
+       "tests/test_promises.py::test_the_loss_is_a_mean_so_accumulation_changes_nothing"),
     _m("dropout-keyed-on-batch-position", "parity", "features/dropout.py",
        "keyed_bits(self.keys.seed, self.keys.epoch, indices, per_sample,",
        "keyed_bits(self.keys.seed, self.keys.epoch, torch.arange(x.shape[0], device=x.device), per_sample,",

@@ -37,6 +37,7 @@ RESULT_KEYS = {
 }
 
 
+@pytest.mark.slow  # the whole harness, ~60 s on 2 cores; its parts have fast tests below
 def test_smoke_run_writes_json_markdown_and_chart(tmp_path):
     out = tmp_path / "bench"
     check(_benchmark("--smoke", "--speedrun", "--out", str(out), timeout=400))

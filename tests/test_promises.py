@@ -99,6 +99,64 @@ def test_a_compiled_models_export_has_no_wrapper_prefix(tmp_path):
     assert not any(k.startswith(PREFIXES) for k in exported)
 
 
+def test_a_caller_compiled_model_checkpoints_without_prefix_and_resumes(tmp_path):
+    """accelerate saves what the caller passed: a model compiled before ``train`` reaches the checkpoint hook
+    as ``OptimizedModule``, whose keys carry ``_orig_mod.``; the checkpoint stays unwrapped and resumes."""
+    from safetensors.torch import load_file
+    from torch.utils.data import TensorDataset
+
+    import accel_train
+    from accel_train.models import create_model
+
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.rand(64, 1, 16, 16, generator=g), torch.arange(64) % 4)
+    options = {"max_steps": 4, "batch_size": 16, "report_to": "none", "plots": False, "progress": False}
+    out = str(tmp_path / "run")
+
+    def compiled():
+        return torch.compile(create_model("lenet", num_classes=4, in_channels=1, image_size=16), backend="eager")
+
+    accel_train.train(compiled(), data, data, output_dir=out, stop_at_step=2, **options)
+    saved = load_file(str(tmp_path / "run" / "checkpoints" / "step_00000002" / "model.safetensors"))
+    assert saved and not any(k.startswith(PREFIXES) for k in saved), sorted(saved)[:3]
+    resumed = accel_train.train(compiled(), data, data, output_dir=out, resume="auto", **options)
+    assert resumed["global_step"] == 4
+
+
+# ---- losses: per-sample means, whatever the batching -------------------------------------------------------------
+def test_the_loss_is_a_mean_so_accumulation_changes_nothing(tmp_path):
+    """One micro-batch of 32 against two of 16 accumulated, with plain SGD and no clipping (which would rescale
+    a summed loss's gradients back): the same update. A summed loss would double it."""
+    args = ["--optimizer", "sgd", "--lr", "0.05", "--max-grad-norm", "0", "--global-batch-size", "32"]
+    one = fit_small(tmp_path / "one", *args, "--max-steps", "6")
+    two = fit_small(tmp_path / "two", *args, "--max-steps", "6", "--max-device-batch", "16")
+    assert (one["accum_steps"], two["accum_steps"]) == (1, 2)
+    assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "two")) <= 1e-6  # round-off only
+    assert abs(one["eval_loss"] - two["eval_loss"]) <= 1e-5
+
+
+def test_eval_loss_is_the_mean_over_samples_with_uneven_batches():
+    """``eval_loss`` is the cross-entropy averaged over samples, not over batches (10 samples in 4 + 4 + 2)."""
+    import torch.nn.functional as F
+    from accelerate import Accelerator
+
+    from accel_train.evaluation import evaluate_model
+    from accel_train.metrics import load_metric
+
+    g = torch.Generator().manual_seed(0)
+    images, labels = torch.randn(10, 6, generator=g), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2, 0])
+    model = torch.nn.Linear(6, 3)
+    loader = [(images[i : i + 4], labels[i : i + 4]) for i in range(0, 10, 4)]
+    acc = Accelerator(cpu=True)
+    result = evaluate_model(acc, model, loader, lambda x: x, load_metric("accuracy"), 3)
+    with torch.no_grad():
+        expected = F.cross_entropy(model(images), labels).item()
+        batch_means = sum(F.cross_entropy(model(x), y).item() for x, y in loader) / len(loader)
+    assert abs(expected - batch_means) > 1e-3  # the two readings really differ on these batches
+    assert result["eval_loss"] == pytest.approx(expected, rel=1e-6)
+    assert result["eval_samples"] == 10
+
+
 # ---- retention after a resume ------------------------------------------------------------------------------------
 def test_retention_after_a_resume_keeps_exactly_keep_last_after_every_save(tmp_path, monkeypatch):
     out = tmp_path / "run"

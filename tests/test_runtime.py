@@ -102,12 +102,16 @@ def test_torchrun_ranks_without_cuda_become_gloo_cpu_ranks():
         (1, 99, 1, 32, 8, (32, 8, 4)),
         (8, 99, 1, 256, 16, (256, 16, 2)),
         (3, 99, 1, 48, 5, (48, 4, 4)),  # 16 per process, cap 5 -> smallest even split: 4 x 4
+        (1, 99, 1, 12, 5, (12, 4, 3)),  # 12 under a cap of 5: 3 x 4, never 2 x 6 (over the cap)
+        (2, 99, 1, 14, 3, (14, 1, 7)),  # 7 per process, cap 3: a prime needs micro-batches of 1
     ],
 )
 def test_batch_plans(world, batch, accum, G, cap, expected):
     plan = plan_batches(world, batch, accum, G, cap)
     assert (plan.global_batch, plan.micro_batch, plan.accum_steps) == expected
     assert plan.micro_batch * plan.accum_steps * world == plan.global_batch
+    if cap is not None:
+        assert plan.micro_batch <= cap  # --max-device-batch is a promise: what one device takes
 
 
 def test_global_batch_must_divide_by_processes():
@@ -130,6 +134,11 @@ def test_lr_schedule_is_a_pure_function_of_the_step():
     assert lr_factor(50, 100, "linear") == pytest.approx(0.5)
     assert lr_factor(0, 100, "constant", warmup_steps=4) == pytest.approx(0.25)
     assert lr_factor(80, 100, "step") == pytest.approx(0.01)
+    # after warm-up the decay starts from the peak and spans the remaining steps
+    assert lr_factor(10, 110, "cosine", warmup_steps=10) == 1.0
+    assert lr_factor(60, 110, "cosine", warmup_steps=10) == pytest.approx(0.5)
+    assert lr_factor(35, 110, "linear", warmup_steps=10) == pytest.approx(0.75)
+    assert lr_factor(110, 110, "linear", warmup_steps=10) == pytest.approx(0.0)
 
 
 def test_augmentation_depends_on_seed_epoch_and_index_only():

@@ -97,7 +97,13 @@ PARITY = {
 }
 
 
-@pytest.mark.parametrize("model", sorted(PARITY))
+# resnet-sized models take about a minute each on 2 cores: slow; lenet and mnist_cnn keep the promise by default
+HEAVY = {"tv_resnet18", "airbench"}
+
+
+@pytest.mark.parametrize(
+    "model", [pytest.param(m, marks=pytest.mark.slow) if m in HEAVY else m for m in sorted(PARITY)]
+)
 def test_parity_every_builtin_model(tmp_path, model):
     """1 x 32 (in this process) vs 2 gloo processes x 16, 20 steps: the same weights (and EMA weights)."""
     one, two = tmp_path / "one", tmp_path / "two"

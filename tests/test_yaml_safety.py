@@ -232,3 +232,12 @@ def test_yaml_trap_through_the_script_is_one_line(tmp_path):
     assert_one_line_error(run_here("train.py", "--config", str(path), "--output-dir", str(tmp_path / "r")),
                           "max_steps must be a number")  # fmt: skip
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("tag", ["python/object/apply:os.mkdir", "python/object/new:os.mkdir", "python/name:os.mkdir"])
+def test_python_tags_are_refused_and_never_run(tmp_path, tag):
+    """A config file is data: a tag that would call Python (PyYAML's full Loader runs it) is refused, unrun."""
+    planted = tmp_path / "ran"
+    path = write(tmp_path, f"lr: 0.1\noutput_dir: !!{tag} [{str(planted)!r}]\n")
+    refused(path, "line 2", tag.split(":")[0])  # where, and which tag: the safe loader knows no constructor for it
+    assert not planted.exists(), "the YAML file ran code"
