@@ -14,9 +14,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from accel_train.config import MIXED_PRECISION as PRECISIONS  # --mixed-precision's choices (fp8: not supported)
 from accel_train.errors import UserError
 
+PRECISIONS = (
+    "no",
+    "fp16",
+    "bf16",
+)  # what accel_train trains in (accelerate's fp8 is not supported): --mixed-precision's choices
 _FLAGS = ("ACCELERATE_USE_CPU", "ACCELERATE_DEBUG_MODE", "ACCELERATE_DYNAMO_USE_FULLGRAPH",
           "ACCELERATE_DYNAMO_USE_DYNAMIC", "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION")  # fmt: skip
 

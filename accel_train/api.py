@@ -34,10 +34,11 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, Subset, TensorDataset
 
-from accel_train.config import TrainConfig, _field_type, is_parsed_text
+from accel_train.config import TrainConfig
 from accel_train.data import folder
 from accel_train.data.base import DatasetInfo, DataSplits, TensorImageDataset
 from accel_train.errors import UserError
+from accel_train.flags import field_type, is_parsed_text
 
 DATASET_LABEL = "custom"  # cfg.dataset of a run on data given to train()
 IMAGE_KEYS = ("image", "img", "pixel_values")
@@ -90,7 +91,7 @@ def _options(options: dict[str, Any]) -> dict[str, Any]:
     if "config" in options:
         from accel_train.config_yaml import load_yaml_config
 
-        values.update(load_yaml_config(options.pop("config")))
+        values.update(load_yaml_config(options.pop("config"), TrainConfig))
     for name, value in options.items():
         if name not in known:
             close = difflib.get_close_matches(name, known, n=1)
@@ -101,7 +102,7 @@ def _options(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def _typed(name: str, value: Any, f: dataclasses.Field) -> Any:
-    typ = _field_type(f)
+    typ = field_type(f)
     if value is None and "None" in str(f.type):
         return None
     if is_parsed_text(f, value):  # text the flag itself takes: max_device_batch="auto"

@@ -34,7 +34,7 @@ from accel_train.models import check_model_name, create_model
 from accel_train.optim import build_optimizer, build_scheduler, replan_schedule
 from accel_train.preprocess import describe_training_images
 from accel_train.resume import check_extension
-from accel_train.run_dir import ABANDONED, CONFIG, RunDir
+from accel_train.run_dir import ABANDONED, CONFIG, METRICS, RunDir
 from accel_train.run_plan import warn_about_run
 from accel_train.runtime import Runtime, bf16_cpu_note, check_fsdp_batchnorm, configure_backends
 from accel_train.tracking import RunLogger, tracker_names
@@ -87,7 +87,7 @@ def build_trainer(
     bf16_note = bf16_cpu_note(acc.mixed_precision, acc.device.type)
     if bf16_note:
         rt.print(f"accel_train: bf16 on CPU: {bf16_note}")
-    logger = RunLogger(acc, cfg.output_dir, total_steps, state.global_step, cfg.progress, cfg.report_to != "none")
+    logger = RunLogger(acc, run_dir / METRICS, total_steps, state.global_step, cfg.progress, cfg.report_to != "none")
     window = Window(acc.device)
     window.restore(state.extra.get("log_window"), acc.is_main_process)
     if resume_path is not None:

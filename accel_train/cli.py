@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 
 from accel_train.errors import AccelTrainError
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse that reports mistakes as one-line UserErrors (exit code 2) instead of usage + message."""
-
-    def error(self, message: str):
-        from accel_train.errors import UserError
-
-        raise UserError(f"{message} (see --help)")
+from accel_train.flags import ArgumentParser  # noqa: F401  (the commands' parser, with run_main)
 
 
 def _world_size() -> int:

@@ -12,12 +12,15 @@ import argparse
 import dataclasses
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from accel_train.cli import ArgumentParser
+from accel_train.accelerate_env import PRECISIONS as MIXED_PRECISION  # --mixed-precision's choices
+from accel_train.data.settings import DATA_FIELDS, DataConfig
 from accel_train.errors import UserError
+from accel_train.flags import PARSERS, ArgumentParser, field_type, same_as
+from accel_train.flags import setting as _f
 from accel_train.limits import (
     MAX_CHANNELS,
     MAX_CLASSES,
@@ -42,12 +45,7 @@ class _TrackerChoices(tuple):
 
 
 REPORT_TO = _TrackerChoices(("tensorboard", "csv", "none", "all"))
-MIXED_PRECISION = ("no", "fp16", "bf16")
 TTA = ("none", "flip")
-
-
-def _f(default: Any, help: str, **meta: Any) -> Any:
-    return field(default=default, metadata={"help": help, **meta})
 
 
 _POSITIVE = (
@@ -99,20 +97,16 @@ class TrainConfig:
         "tv:mobilenet_v3_small, random weights); package.module:callable for your own code, called as "
         "callable(num_classes=, in_channels=, image_size=)",
     )
-    dataset: str = _f("digits", "dataset: digits, synthetic, mnist, fashion_mnist, cifar10, imagefolder:DIR, hf:NAME")
-    data_dir: str = _f("data", "root folder of on-disk datasets (torchvision layouts)")
-    download: bool = _f(False, "download mnist/fashion_mnist/cifar10 with torchvision if missing (needs network)")
-    image_size: int | None = _f(None, "resize images to this size (default: the dataset's own size)")
-    val_split: float = _f(0.2, "test fraction for sources without a test split")
-    image_column: str | None = _f(None, "image column of an hf: dataset (default: detected)")
-    label_column: str | None = _f(None, "label column of an hf: dataset (default: detected)")
-    augment: bool | None = _f(None, "data augmentation (default: the dataset's own: crop+flip for cifar10)")
-    crop_padding: int | None = _f(
-        None, "random-crop padding in pixels when augmenting (default: the dataset's: 4 for cifar10, 2 for mnist)"
-    )
-    crop_padding_mode: str = _f(
-        "constant", "how the random crop pads: constant (zeros) or reflect", choices=("constant", "reflect")
-    )
+    dataset: str = same_as(DataConfig, "dataset")
+    data_dir: str = same_as(DataConfig, "data_dir")
+    download: bool = same_as(DataConfig, "download")
+    image_size: int | None = same_as(DataConfig, "image_size")
+    val_split: float = same_as(DataConfig, "val_split")
+    image_column: str | None = same_as(DataConfig, "image_column")
+    label_column: str | None = same_as(DataConfig, "label_column")
+    augment: bool | None = same_as(DataConfig, "augment")
+    crop_padding: int | None = same_as(DataConfig, "crop_padding")
+    crop_padding_mode: str = same_as(DataConfig, "crop_padding_mode")
     # optimisation
     epochs: int = _f(8, "number of epochs (ignored when --max-steps is set)")
     max_steps: int | None = _f(None, "stop after this many optimizer steps (overrides --epochs)")
@@ -142,7 +136,7 @@ class TrainConfig:
     lr_gamma: float = _f(0.1, "--lr-schedule step: LR factor at each milestone")
     max_grad_norm: float = _f(1.0, "clip gradients to this norm (0 disables)")
     mixed_precision: str | None = _f(None, "override the accelerate config's mixed precision", choices=MIXED_PRECISION)
-    seed: int = _f(42, "random seed (data order, init, dropout)")
+    seed: int = same_as(DataConfig, "seed")
     # training features
     label_smoothing: float = _f(0.0, "label smoothing of the cross-entropy loss, e.g. 0.1 (0: off)")
     mixup: float = _f(
@@ -215,11 +209,11 @@ class TrainConfig:
     )
     skip_nonfinite: bool = _f(False, "skip optimizer steps whose loss is NaN/Inf instead of stopping")
     # synthetic dataset shape
-    synthetic_size: int = _f(2048, "synthetic: training samples")
-    synthetic_test_size: int = _f(512, "synthetic: test samples")
-    synthetic_channels: int = _f(1, "synthetic: channels")
-    synthetic_image_size: int = _f(28, "synthetic: image side")
-    synthetic_classes: int = _f(10, "synthetic: classes")
+    synthetic_size: int = same_as(DataConfig, "synthetic_size")
+    synthetic_test_size: int = same_as(DataConfig, "synthetic_test_size")
+    synthetic_channels: int = same_as(DataConfig, "synthetic_channels")
+    synthetic_image_size: int = same_as(DataConfig, "synthetic_image_size")
+    synthetic_classes: int = same_as(DataConfig, "synthetic_classes")
     debug: bool = _f(False, "show tracebacks for errors")
 
     def validate(self) -> TrainConfig:
@@ -347,9 +341,7 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def data_config(self):
-        from accel_train.data.base import DATA_FIELDS, DataConfig
-
+    def data_config(self) -> DataConfig:
         return DataConfig(**{name: getattr(self, name) for name in DATA_FIELDS})
 
 
@@ -381,39 +373,6 @@ def _flag(name: str) -> str:
     return name.replace("_", "-")
 
 
-def int_or_auto(text: str) -> int | str:
-    """``--max-device-batch``: a number, or ``auto`` (argparse and the YAML reader say what else was given)."""
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"takes a number or auto, got {text!r}") from None
-
-
-_PARSERS = {"int_or_auto": int_or_auto}  # fields whose flags take more than their type (metadata "parse")
-
-
-def is_parsed_text(f: dataclasses.Field, value: Any) -> bool:
-    """Whether ``value`` is text that field ``f``'s own parser takes (``max_device_batch: auto``)."""
-    parse = _PARSERS.get(f.metadata.get("parse"))
-    if parse is None or not isinstance(value, str):
-        return False
-    try:
-        parse(value)
-    except argparse.ArgumentTypeError:
-        return False
-    return True
-
-
-def _field_type(f: dataclasses.Field) -> type:
-    text = str(f.type)
-    for typ in (bool, int, float, str):
-        if typ.__name__ in text.split(" | ")[0]:
-            return typ
-    raise AssertionError(f"unsupported field type {text}")
-
-
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     # No ArgumentDefaultsHelpFormatter: with argument_default=SUPPRESS it has no default to show; each help
     # names its default once (its own "(default: ...)" words, else the field's value), and flags with
@@ -424,13 +383,13 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", help="YAML file of hyperparameters; flags override it")
     for f in fields(TrainConfig):
-        typ = _field_type(f)
+        typ = field_type(f)
         text = f.metadata["help"]
         kwargs: dict[str, Any] = {"help": text if "(default:" in text else f"{text} (default: {f.default})"}
         if typ is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
-            kwargs["type"] = _PARSERS.get(f.metadata.get("parse"), typ)
+            kwargs["type"] = PARSERS.get(f.metadata.get("parse"), typ)
         if "choices" in f.metadata:
             kwargs["choices"] = f.metadata["choices"]
         elif typ is not bool:
@@ -445,9 +404,9 @@ def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
     values: dict[str, Any] = {}
     config_file = ns.pop("config", None)
     if config_file:
-        from accel_train.config_yaml import load_yaml_config  # the file reader depends on TrainConfig's fields
+        from accel_train.config_yaml import load_yaml_config  # PyYAML: only for a --config file
 
-        values.update(load_yaml_config(config_file))
+        values.update(load_yaml_config(config_file, TrainConfig))
     values.update(ns)
     cfg = TrainConfig(**values).validate()
     cfg.given = frozenset(values)  # what the user set: a resume restores the rest from the checkpoint

@@ -1,8 +1,8 @@
 """Reading ``--config FILE.yaml``: hyperparameters as flat ``key: value`` lines, checked before they are trusted.
 
-The keys are ``TrainConfig``'s fields (the flags without ``--``). Refused with one line: unknown and
-duplicate keys, YAML 1.1 traps (``no`` read as ``False``), wrong types, files over 1 MiB, NUL bytes,
-deep nesting and alias bombs (counted on the parse events, before any object is built).
+The keys are the fields of the settings dataclass it is given (``TrainConfig``'s: the flags without ``--``).
+Refused with one line: unknown and duplicate keys, YAML 1.1 traps (``no`` read as ``False``), wrong types,
+files over 1 MiB, NUL bytes, deep nesting and alias bombs (counted on the parse events, before any object is built).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from accel_train.config import _PARSERS, TrainConfig, _field_type
 from accel_train.errors import UserError
+from accel_train.flags import PARSERS, field_type
 from accel_train.limits import check_regular_file
 
 YAML_MAX_BYTES = 1 << 20  # 1 MiB: a hyperparameter file is a few hundred bytes
@@ -28,8 +28,9 @@ YAML_MAX_CHARS = 2 << 20  # characters of scalar text once anchors/aliases are e
 YAML_MAX_DEPTH = 32  # nesting of lists/mappings (a hyperparameter file is one flat mapping)
 
 
-def load_yaml_config(path: str | Path) -> dict[str, Any]:
-    """Read a hyperparameter YAML, rejecting unknown keys, duplicate keys, YAML-1.1 traps and oversized documents.
+def load_yaml_config(path: str | Path, settings: type) -> dict[str, Any]:
+    """Read a hyperparameter YAML whose keys are ``settings``' fields, rejecting unknown keys, duplicate keys,
+    YAML-1.1 traps and oversized documents.
 
     Safety order: the file size is checked before reading, NUL bytes before parsing, nesting depth and the
     size after alias expansion on the event stream (before any node or Python object exists), duplicate
@@ -66,7 +67,7 @@ def load_yaml_config(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"--config {path}: expected a mapping of key: value, got {type(data).__name__}")
     lines = _top_level_key_lines(yaml, node)
-    known = {f.name: f for f in fields(TrainConfig)}
+    known = {f.name: f for f in fields(settings)}
     out: dict[str, Any] = {}
     spelled: dict[str, Any] = {}
     for raw_key, value in data.items():
@@ -85,7 +86,7 @@ def load_yaml_config(path: str | Path) -> dict[str, Any]:
         spelled[key] = raw_key
         if isinstance(value, (bytes, bytearray)):
             raise UserError(f"--config {path}: {key} is binary data (!!binary); write the value as plain text")
-        if _field_type(known[key]) is str and isinstance(value, (bool, int, float, datetime.date)):
+        if field_type(known[key]) is str and isinstance(value, (bool, int, float, datetime.date)):
             # YAML 1.1 turns no/NO/off/yes into booleans, 0 into an int and 2024-01-01 into a date: show the text
             # as written.
             written = _clip(_scalar_text(yaml, node, raw_key) or str(value), 80)
@@ -350,7 +351,7 @@ def _short_repr(value: Any, limit: int = 80) -> str:
 
 def _coerce_parsed(path: Path, key: str, value: Any, f: dataclasses.Field) -> Any:
     """Text for a field with its own parser (``max_device_batch: auto``) goes through it; the rest to ``_coerce``."""
-    parse = _PARSERS.get(f.metadata.get("parse"))
+    parse = PARSERS.get(f.metadata.get("parse"))
     if parse is None or not isinstance(value, str):
         return _coerce(path, key, value, f)
     try:
@@ -360,7 +361,7 @@ def _coerce_parsed(path: Path, key: str, value: Any, f: dataclasses.Field) -> An
 
 
 def _coerce(path: Path, key: str, value: Any, f: dataclasses.Field) -> Any:
-    typ = _field_type(f)
+    typ = field_type(f)
     optional = "None" in str(f.type)
     if value is None:
         if optional:

@@ -29,7 +29,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from accel_train.runtime import launched_world_size
+_MPI_WORLD_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+def launched_world_size(env: dict[str, str] | os._Environ = os.environ) -> int:
+    """How many processes the launcher actually started (1 when run plainly)."""
+    for var in ("WORLD_SIZE", *_MPI_WORLD_VARS):
+        if env.get(var):
+            return int(env[var])
+    return 1
+
 
 # Set in the ranks' (and their launcher's) environment: they are the relaunch, never relaunch again.
 RELAUNCHED = "ACCEL_TRAIN_MULTI_CPU_RANKS"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from accel_train.checkpoint.state import read_progress, resolve_resume
 from accel_train.config import TrainConfig
 from accel_train.resume import finished_note, reconcile
-from accel_train.run_dir import SUMMARY, RunDir
+from accel_train.run_dir import MLRUNS, SUMMARY, RunDir
 
 if TYPE_CHECKING:
     from torch import nn
@@ -62,7 +62,7 @@ def _fit(cfg: TrainConfig, run_dir: RunDir, t_launch: float, model, splits) -> d
     from accel_train.runtime import build_runtime
     from accel_train.tracking import trackers_for
 
-    rt = build_runtime(cfg, log_with=trackers_for(cfg.report_to, cfg.output_dir) or None)
+    rt = build_runtime(cfg, log_with=trackers_for(cfg.report_to, cfg.output_dir, run_dir / MLRUNS) or None)
     try:
         return build_trainer(cfg, rt, run_dir, resume_path, changes, model=model, splits=splits).fit(t_launch)
     except BaseException:

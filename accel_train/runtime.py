@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn as nn
 
+from accel_train.elastic import launched_world_size
 from accel_train.errors import LaunchError
 
 if TYPE_CHECKING:
@@ -34,16 +35,6 @@ if TYPE_CHECKING:
     from accel_train.config import TrainConfig
 
 log = logging.getLogger("accel_train")
-
-_MPI_WORLD_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
-
-
-def launched_world_size(env: dict[str, str] | os._Environ = os.environ) -> int:
-    """How many processes the launcher actually started (1 when run plainly)."""
-    for var in ("WORLD_SIZE", *_MPI_WORLD_VARS):
-        if env.get(var):
-            return int(env[var])
-    return 1
 
 
 def check_launch(env: dict[str, str] | os._Environ = os.environ) -> None:

@@ -19,7 +19,6 @@ from accelerate.tracking import GeneralTracker, MLflowTracker, on_main_process
 
 from accel_train.errors import UserError
 from accel_train.fsio import append_line
-from accel_train.run_dir import MLRUNS
 
 PROJECT = "accel_train"  # the project/experiment name trackers file a run under
 ALL_TRACKERS = ("tensorboard", "csv")  # --report-to all: the two that need no account and no extra package
@@ -68,9 +67,9 @@ class RunFolderMLflowTracker(MLflowTracker):
     names a server or a database: no server to start, and ``mlflow-skinny`` is enough.
     ``mlflow ui --backend-store-uri <run folder>/mlruns`` shows it."""
 
-    def __init__(self, run_dir: str | os.PathLike):
+    def __init__(self, run_dir: str | os.PathLike, store: str | os.PathLike):
         super().__init__(experiment_name=PROJECT, run_name=Path(run_dir).name)
-        self.store = Path(run_dir).absolute() / MLRUNS
+        self.store = Path(store).absolute()
 
     @on_main_process
     def start(self) -> None:
@@ -120,23 +119,24 @@ def check_installed(names: list[str]) -> None:
             raise UserError(f"--report-to {name} needs the {package} package: pip install {package} (or drop {name})")
 
 
-def trackers_for(report_to: str, output_dir: str | os.PathLike) -> list:
+def trackers_for(report_to: str, output_dir: str | os.PathLike, mlruns: str | os.PathLike) -> list:
     """``Accelerator(log_with=...)`` for ``--report-to``, checked (names, packages) before the run starts.
 
     TensorBoard goes by name (accelerate writes it to ``<output_dir>/tb``); the others are built here, so
-    that they file the run under :data:`PROJECT` and keep their local files in the run folder."""
+    that they file the run under :data:`PROJECT` and keep their local files in the run folder (``mlruns``:
+    MLflow's store there, named by the run folder's owner, ``run_dir``)."""
     names = tracker_names(report_to)
     check_installed(names)
-    return [_tracker(name, Path(output_dir)) for name in names]
+    return [_tracker(name, Path(output_dir), Path(mlruns)) for name in names]
 
 
-def _tracker(name: str, run_dir: Path):
+def _tracker(name: str, run_dir: Path, mlruns: Path):
     if name == "tensorboard":
         return name
     if name == "csv":
         return CSVTracker(PROJECT, run_dir)
     if name == "mlflow":
-        return RunFolderMLflowTracker(run_dir)
+        return RunFolderMLflowTracker(run_dir, mlruns)
     from accelerate.tracking import LOGGER_TYPE_TO_CLASS
 
     cls = LOGGER_TYPE_TO_CLASS[name]
@@ -150,11 +150,11 @@ class RunLogger:
     """metrics.jsonl + trackers + progress bar / plain lines, main process only."""
 
     def __init__(
-        self, accelerator, output_dir: str | Path, total_steps: int, start_step: int, progress: bool, use_trackers: bool
+        self, accelerator, metrics: str | Path, total_steps: int, start_step: int, progress: bool, use_trackers: bool
     ):
         self.accelerator = accelerator
         self.is_main = accelerator.is_main_process
-        self.path = Path(output_dir) / "metrics.jsonl"
+        self.path = Path(metrics)  # the run folder's metrics.jsonl (``run_dir.METRICS``)
         self.use_trackers = use_trackers
         self.interactive = progress and sys.stdout.isatty()
         self.plain_lines = progress and not self.interactive

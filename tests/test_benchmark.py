@@ -276,7 +276,9 @@ def test_metrics_events_carry_seconds_since_the_run_started(tmp_path):
 
     from accel_train.tracking import RunLogger
 
-    logger = RunLogger(SimpleNamespace(is_main_process=True), tmp_path, 1, 0, progress=False, use_trackers=False)
+    logger = RunLogger(
+        SimpleNamespace(is_main_process=True), tmp_path / "metrics.jsonl", 1, 0, progress=False, use_trackers=False
+    )
     logger.event("eval", 5, 0, eval_accuracy=0.5)
     record = json.loads((tmp_path / "metrics.jsonl").read_text())
     assert record["event"] == "eval" and record["eval_accuracy"] == 0.5

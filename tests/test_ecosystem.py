@@ -87,7 +87,9 @@ def test_trackers_keep_their_files_in_the_run_folder_and_registered_ones_work(tm
             self.project, self.logging_dir = project, logging_dir
 
     monkeypatch.setitem(LOGGER_TYPE_TO_CLASS, "mine", Mine)  # what register_tracker_class does
-    tensorboard, csv_tracker, mlflow, mine = trackers_for("all,mlflow,mine", tmp_path / "run")
+    tensorboard, csv_tracker, mlflow, mine = trackers_for(
+        "all,mlflow,mine", tmp_path / "run", tmp_path / "run" / "mlruns"
+    )
     assert tensorboard == "tensorboard"  # by name: accelerate writes it to <run>/tb
     assert isinstance(csv_tracker, CSVTracker) and csv_tracker.path == tmp_path / "run" / "metrics.csv"
     assert isinstance(mlflow, RunFolderMLflowTracker) and mlflow.store == tmp_path / "run" / "mlruns"

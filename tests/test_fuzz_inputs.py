@@ -22,8 +22,9 @@ import pytest
 import yaml
 from test_bad_inputs import snapshot
 
-from accel_train.config import TrainConfig, _field_type, parse_config
+from accel_train.config import TrainConfig, parse_config
 from accel_train.errors import UserError
+from accel_train.flags import field_type as _field_type
 
 RNG_SEED = 0
 

@@ -192,11 +192,12 @@ def test_image_that_fails_in_a_dataloader_worker_is_one_line(tmp_path):
 @pytest.mark.parametrize(("text", "expected"), [("epochs: 010\n", 10), ("seed: -010\n", -10), ("seed: 0x1f\n", 31)])
 def test_yaml_leading_zero_ints_are_decimal(tmp_path, text, expected):
     """YAML 1.1 reads 010 as the octal 8; --epochs 010 (and YAML 1.2) read 10. A config file reads 10 too."""
+    from accel_train.config import TrainConfig
     from accel_train.config_yaml import load_yaml_config
 
     path = tmp_path / "hp.yaml"
     path.write_text(text)
-    assert list(load_yaml_config(path).values()) == [expected]
+    assert list(load_yaml_config(path, TrainConfig).values()) == [expected]
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ import pytest
 from conftest import run_script
 
 from accel_train.cli import run_main
-from accel_train.config import parse_config
+from accel_train.config import TrainConfig, parse_config
 from accel_train.config_yaml import YAML_MAX_BYTES, load_yaml_config
 from accel_train.errors import UserError
 
@@ -26,9 +26,9 @@ def write(tmp_path: Path, text: str, name: str = "hp.yaml") -> Path:
 
 
 def refused(path: Path, *needles: str) -> str:
-    """``load_yaml_config(path)`` raises a one-line, short UserError naming the file and every needle."""
+    """``load_yaml_config(path, TrainConfig)`` raises a one-line, short UserError naming the file and every needle."""
     with pytest.raises(UserError) as info:
-        load_yaml_config(path)
+        load_yaml_config(path, TrainConfig)
     message = str(info.value)
     assert "\n" not in message and len(message) < 600, message[:2000]
     assert message.startswith(f"--config {path}"), message
@@ -68,12 +68,12 @@ def test_duplicate_key_spellings_and_nesting_refused(tmp_path):
 
 
 def test_distinct_keys_and_merge_keys_still_load(tmp_path):
-    assert load_yaml_config(write(tmp_path, "lr: 0.1\nepochs: 2\noptimizer: 'no'\n")) == {
+    assert load_yaml_config(write(tmp_path, "lr: 0.1\nepochs: 2\noptimizer: 'no'\n"), TrainConfig) == {
         "lr": 0.1,
         "epochs": 2,
         "optimizer": "no",
     }
-    assert load_yaml_config(write(tmp_path, "")) == {}
+    assert load_yaml_config(write(tmp_path, ""), TrainConfig) == {}
 
 
 # ------------------------------------------------------------------ alias bombs, nesting, size
@@ -120,7 +120,7 @@ def test_recursive_alias_and_deep_nesting_refused(tmp_path):
 
 
 def test_small_aliases_still_load(tmp_path):
-    assert load_yaml_config(write(tmp_path, "lr: &x 0.5\nmomentum: *x\n")) == {"lr": 0.5, "momentum": 0.5}
+    assert load_yaml_config(write(tmp_path, "lr: &x 0.5\nmomentum: *x\n"), TrainConfig) == {"lr": 0.5, "momentum": 0.5}
 
 
 def test_file_over_1mib_refused_quickly(tmp_path):
@@ -142,7 +142,7 @@ def test_nul_byte_refused(tmp_path):
 def test_utf8_bom_accepted(tmp_path):
     path = tmp_path / "hp.yaml"
     path.write_bytes(b"\xef\xbb\xbflr: 0.1\nepochs: 2\n")
-    assert load_yaml_config(path) == {"lr": 0.1, "epochs": 2}
+    assert load_yaml_config(path, TrainConfig) == {"lr": 0.1, "epochs": 2}
 
 
 # ------------------------------------------------------------------ huge values make short messages
@@ -220,8 +220,10 @@ def test_yaml_1_1_conversions_are_refused_not_silent(tmp_path, text, needles):
 
 
 def test_text_with_a_colon_stays_as_written(tmp_path):
-    assert load_yaml_config(write(tmp_path, "output_dir: 1:30\n")) == {"output_dir": "1:30"}
-    assert load_yaml_config(write(tmp_path, "output_dir: runs/10:30:00\n")) == {"output_dir": "runs/10:30:00"}
+    assert load_yaml_config(write(tmp_path, "output_dir: 1:30\n"), TrainConfig) == {"output_dir": "1:30"}
+    assert load_yaml_config(write(tmp_path, "output_dir: runs/10:30:00\n"), TrainConfig) == {
+        "output_dir": "runs/10:30:00"
+    }
 
 
 def test_yaml_trap_through_the_script_is_one_line(tmp_path):

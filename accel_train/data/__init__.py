@@ -11,9 +11,25 @@ import contextvars
 import importlib
 import inspect
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from accel_train.data.base import DataConfig, DatasetInfo, DataSplits, TensorImageDataset, collate_batch
+from accel_train.data.settings import DataConfig
 from accel_train.errors import UserError
+
+if TYPE_CHECKING:
+    from accel_train.data.base import DataSplits
+
+_BASE_NAMES = ("DatasetInfo", "DataSplits", "TensorImageDataset", "collate_batch")
+
+
+def __getattr__(name: str):
+    """torch loads with ``data.base``, on first use: the flag parser imports ``data.settings`` through here."""
+    if name in _BASE_NAMES:
+        from accel_train.data import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module 'accel_train.data' has no attribute {name!r}")
+
 
 _BUILDERS: dict[str, str | Callable[[DataConfig], DataSplits]] = {
     "digits": "accel_train.data.digits:build_digits",

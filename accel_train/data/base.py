@@ -10,40 +10,13 @@ device (:class:`accel_train.data.pipeline.BatchNormalizer`), never per sample.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields, make_dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.utils.data import Dataset
 
-from accel_train.config import TrainConfig
 from accel_train.data.augment import Augmented, KeyedAugment
-
-#: The options dataset builders read. Declared once, in ``TrainConfig`` (flag, default, help);
-#: ``DataConfig`` is that slice of it, so ``build_dataset`` needs no training config.
-DATA_FIELDS = (
-    "dataset",
-    "data_dir",
-    "download",
-    "image_size",
-    "seed",
-    "val_split",
-    "image_column",
-    "label_column",
-    "augment",
-    "crop_padding",
-    "crop_padding_mode",
-    "synthetic_size",
-    "synthetic_test_size",
-    "synthetic_channels",
-    "synthetic_image_size",
-    "synthetic_classes",
-)
-DataConfig = make_dataclass(
-    "DataConfig",
-    [(f.name, f.type, field(default=f.default)) for f in fields(TrainConfig) if f.name in DATA_FIELDS],
-)
-DataConfig.__module__ = __name__
-DataConfig.__doc__ = "The slice of the training config that dataset builders read (see ``DATA_FIELDS``)."
+from accel_train.data.settings import DATA_FIELDS, DataConfig  # noqa: F401  (re-exported: builders import it here)
 
 
 @dataclass

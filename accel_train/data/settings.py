@@ -1,0 +1,42 @@
+"""The data settings: what every dataset builder reads, declared here once (default, help, choices).
+
+``DataConfig`` is all a builder needs (``build_dataset(DataConfig(dataset="digits"))``); ``TrainConfig`` repeats
+these fields, flat, so that flags and YAML keys stay the same, and hands a run's slice down with
+``TrainConfig.data_config()``. No torch here: the flag parser reads this class before anything heavy loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from accel_train.flags import setting as _f
+
+
+@dataclass
+class DataConfig:
+    """The slice of the training config that dataset builders read."""
+
+    dataset: str = _f("digits", "dataset: digits, synthetic, mnist, fashion_mnist, cifar10, imagefolder:DIR, hf:NAME")
+    data_dir: str = _f("data", "root folder of on-disk datasets (torchvision layouts)")
+    download: bool = _f(False, "download mnist/fashion_mnist/cifar10 with torchvision if missing (needs network)")
+    image_size: int | None = _f(None, "resize images to this size (default: the dataset's own size)")
+    seed: int = _f(42, "random seed (data order, init, dropout)")
+    val_split: float = _f(0.2, "test fraction for sources without a test split")
+    image_column: str | None = _f(None, "image column of an hf: dataset (default: detected)")
+    label_column: str | None = _f(None, "label column of an hf: dataset (default: detected)")
+    augment: bool | None = _f(None, "data augmentation (default: the dataset's own: crop+flip for cifar10)")
+    crop_padding: int | None = _f(
+        None, "random-crop padding in pixels when augmenting (default: the dataset's: 4 for cifar10, 2 for mnist)"
+    )
+    crop_padding_mode: str = _f(
+        "constant", "how the random crop pads: constant (zeros) or reflect", choices=("constant", "reflect")
+    )
+    synthetic_size: int = _f(2048, "synthetic: training samples")
+    synthetic_test_size: int = _f(512, "synthetic: test samples")
+    synthetic_channels: int = _f(1, "synthetic: channels")
+    synthetic_image_size: int = _f(28, "synthetic: image side")
+    synthetic_classes: int = _f(10, "synthetic: classes")
+
+
+#: The options dataset builders read (``DataConfig``'s fields).
+DATA_FIELDS = tuple(f.name for f in fields(DataConfig))

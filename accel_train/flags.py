@@ -1,0 +1,70 @@
+"""Flag plumbing that imports nothing of the package but its errors: the floor under every settings class.
+
+``ArgumentParser`` (argparse with one-line errors), ``setting`` (a dataclass field that is also a flag: default,
+help, metadata), and the readers the flag parser and the YAML reader share (``field_type``, ``PARSERS``,
+``is_parsed_text``). Settings classes (``TrainConfig``, ``data.settings.DataConfig``) are built from these, and
+``config_yaml`` reads a file against any of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import field
+from typing import Any
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that reports mistakes as one-line UserErrors (exit code 2) instead of usage + message."""
+
+    def error(self, message: str):
+        from accel_train.errors import UserError
+
+        raise UserError(f"{message} (see --help)")
+
+
+def setting(default: Any, help: str, **meta: Any) -> Any:
+    """A dataclass field that is a flag and a YAML key: ``default``, ``help`` text, metadata (``choices``,
+    ``parse``)."""
+    return field(default=default, metadata={"help": help, **meta})
+
+
+def same_as(owner: type, name: str) -> Any:
+    """Field ``name`` of the settings class ``owner`` (its default, help and metadata), declared there once and
+    repeated in a class that composes it (``TrainConfig`` keeps its flat fields: flags and YAML keys)."""
+    f = {f.name: f for f in dataclasses.fields(owner)}[name]
+    return field(default=f.default, metadata=f.metadata)
+
+
+def int_or_auto(text: str) -> int | str:
+    """``--max-device-batch``: a number, or ``auto`` (argparse and the YAML reader say what else was given)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a number or auto, got {text!r}") from None
+
+
+PARSERS = {"int_or_auto": int_or_auto}  # fields whose flags take more than their type (metadata "parse")
+
+
+def is_parsed_text(f: dataclasses.Field, value: Any) -> bool:
+    """Whether ``value`` is text that field ``f``'s own parser takes (``max_device_batch: auto``)."""
+    parse = PARSERS.get(f.metadata.get("parse"))
+    if parse is None or not isinstance(value, str):
+        return False
+    try:
+        parse(value)
+    except argparse.ArgumentTypeError:
+        return False
+    return True
+
+
+def field_type(f: dataclasses.Field) -> type:
+    """The scalar type a field's flag and YAML key take (``int | None`` -> int)."""
+    text = str(f.type)
+    for typ in (bool, int, float, str):
+        if typ.__name__ in text.split(" | ")[0]:
+            return typ
+    raise AssertionError(f"unsupported field type {text}")
