@@ -145,9 +145,9 @@ def check_progress(data: Any, where: str) -> dict:
 def _check_saved_config(check: _Checker, saved: dict) -> None:
     """The run's saved ``TrainConfig``: each known field of its type, then the ranges flags are held to."""
     from accel_train.config import TrainConfig, _check_names
+    from accel_train.errors import UserError
     from accel_train.flags import field_type as _field_type
     from accel_train.flags import is_parsed_text
-    from accel_train.errors import UserError
     from accel_train.tracking import tracker_names
 
     known = {}
