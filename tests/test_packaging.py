@@ -120,91 +120,41 @@ def test_ruff_holds_the_package_to_its_limits():
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
 
 
-def _module_imports(path: Path, module: str, inside_functions: bool = False) -> set[str]:
-    """accel_train modules that ``module`` imports when it is imported (module level, not under TYPE_CHECKING);
-    ``inside_functions``: also those its functions import when they run."""
-    import ast
+def _layers():
+    """``scripts/layers.py``: the import graph and its floors (the script that prints the package's layers)."""
+    import importlib.util
 
-    tree = ast.parse(path.read_text())
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found: set[str] = set()
-
-    def visit(nodes) -> None:
-        for node in nodes:
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-                visit(node.orelse)
-                continue
-            if isinstance(node, (ast.If, ast.Try)):
-                visit(node.body)
-                visit(getattr(node, "orelse", []))
-                visit(getattr(node, "finalbody", []))
-                for handler in getattr(node, "handlers", []):
-                    visit(handler.body)
-            elif isinstance(node, ast.Import):
-                found.update(a.name for a in node.names if a.name.startswith("accel_train"))
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join([*parts, base] if base else parts)
-                if base.startswith("accel_train"):
-                    found.add(base)
-                    found.update(f"{base}.{a.name}" for a in node.names)
-            elif inside_functions:
-                visit(list(ast.iter_child_nodes(node)))
-
-    visit(tree.body)
-    return found
-
-
-def _import_graph(inside_functions: bool) -> dict[str, set[str]]:
-    root = REPO / "accel_train"
-    modules = {}
-    for path in root.rglob("*.py"):
-        parts = path.relative_to(REPO).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        modules[name] = path
-    return {
-        name: {m for m in _module_imports(path, name, inside_functions) if m in modules and m != name}
-        for name, path in modules.items()
-    }
-
-
-def _first_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def dfs(node: str) -> list[str] | None:
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == 1:
-                return stack[stack.index(nxt) :] + [nxt]
-            if nxt not in state and (found := dfs(nxt)):
-                return found
-        stack.pop()
-        state[node] = 2
-        return None
-
-    for name in sorted(graph):
-        if name not in state and (found := dfs(name)):
-            return found
-    return None
+    spec = importlib.util.spec_from_file_location("layers", REPO / "scripts" / "layers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.parametrize("inside_functions", [False, True], ids=["module-level", "counting-imports-in-functions"])
 def test_accel_train_has_no_import_cycles(inside_functions):
     """The package's import graph is acyclic, also counting the imports inside functions (kept there to make
     --help and refusals fast, never to hide a circle): every module sits on a floor above what it uses."""
-    cycle = _first_cycle(_import_graph(inside_functions))
-    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+    layers = _layers()
+    try:
+        layers.floors(layers.import_graph(inside_functions=inside_functions), by_module=True)
+    except ValueError as exc:
+        pytest.fail(str(exc))
 
 
-def test_the_cycle_check_sees_a_cycle_through_a_function():
-    """The check can fail: a circle closed by an import inside a function is found."""
-    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}
-    assert _first_cycle(graph) == ["a", "b", "c", "a"]
-    assert _first_cycle({"a": {"b"}, "b": set()}) is None
+def test_the_cycle_check_sees_a_cycle_through_a_function(tmp_path):
+    """The check can fail: a circle closed by an import inside a function is found, one at module level too."""
+    layers = _layers()
+    pkg = tmp_path / "accel_train"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from accel_train import b\n")
+    (pkg / "b.py").write_text("def f():\n    from accel_train.a import x\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from accel_train import a\n")
+    lazy = layers.import_graph(pkg, inside_functions=True)
+    with pytest.raises(ValueError, match=r"accel_train\.a -> accel_train\.b -> accel_train\.a"):
+        layers.floors(lazy, by_module=True)
+    assert layers.import_graph(pkg, inside_functions=False)["accel_train.b"] == set()  # only the lazy import
+    assert lazy["accel_train.c"] == set()  # type-checking imports never run
 
 
 def test_readme_commands_and_ci_install_through_the_constraints():
