@@ -52,8 +52,8 @@ def run(tmp_path_factory) -> Path:
 def no_work(monkeypatch):
     """Loading weights, evaluating, reading or plotting runs fail the test: refusals come before all of it."""
     import accel_train.checkpoint.weights as weights
-    import accel_train.evaluation as evaluation
     import accel_train.plots as plots
+    import accel_train.saved_eval as evaluation
 
     def started(*args, **kwargs):
         raise AssertionError("the work started before the output path was checked")

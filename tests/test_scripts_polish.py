@@ -52,7 +52,7 @@ def _mnist_export(path: Path) -> Path:
 
 
 def test_eval_scores_mnist_from_the_t10k_files_alone(tmp_path):
-    from accel_train.evaluation import run_evaluation
+    from accel_train.saved_eval import run_evaluation
 
     raw = write_mnist_idx(tmp_path / "data", n_train=40, n_test=20)
     for name in MNIST_NAMES["train"]:
@@ -70,7 +70,7 @@ def test_eval_scores_mnist_from_the_t10k_files_alone(tmp_path):
 
 
 def test_eval_errors_suggest_no_flag_eval_lacks(tmp_path):
-    from accel_train.evaluation import run_evaluation
+    from accel_train.saved_eval import run_evaluation
 
     export = _mnist_export(tmp_path / "export")
     message = _user_error(

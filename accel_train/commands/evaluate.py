@@ -38,7 +38,7 @@ def main(argv=None):
     import json
 
     from accel_train.checkpoint.weights import user_code_allowed
-    from accel_train.evaluation import run_evaluation
+    from accel_train.saved_eval import run_evaluation
 
     with user_code_allowed(args.allow_import):
         report = run_evaluation(
