@@ -70,7 +70,15 @@ def build_trainer(
     steps_per_epoch = len(train_dl) // plan.accum_steps
     total_steps = cfg.max_steps or steps_per_epoch * cfg.epochs
     warn_about_run(cfg, rt, splits, total_steps)  # settings that never fire in a run this short
-    scheduler = build_scheduler(optimizer.optimizer, cfg, total_steps)
+    scheduler = build_scheduler(
+        optimizer.optimizer,
+        total_steps,
+        cfg.lr_schedule,
+        cfg.warmup_steps,
+        cfg.lr_milestones,
+        cfg.lr_gamma,
+        cfg.warmup_from,
+    )
     install_unwrapped_weight_hooks(acc)  # nothing is registered for checkpointing: see checkpoint.verify
     resolved = _resolved(acc, plan, lr, total_steps, steps_per_epoch, chosen)
     resolved["augment"] = splits.extra.get("augment")  # the description: random_crop(...)+hflip, or None
@@ -169,7 +177,7 @@ def _prepare(cfg: TrainConfig, rt: Runtime, splits: DataSplits, plan: BatchPlan,
     if features.mixer is not None:
         features.mixer.check_micro_batch(plan.micro_batch)
     model = rt.prepare_model(model)  # --compile happens inside prepare, after DDP wrapping (runtime)
-    optimizer = build_optimizer(cfg, model, lr)
+    optimizer = build_optimizer(model, lr, cfg.optimizer, cfg.weight_decay, cfg.momentum, cfg.nesterov)
     workers = 0 if splits.in_memory else cfg.num_workers  # in-memory batches are one index op
     # in-memory splits that fit move to the GPU once: their batches are indexed and augmented there, unpinned
     on_device = place_on_device([splits.train, splits.test], acc.device, cfg.data_on_device)
