@@ -70,15 +70,7 @@ def build_trainer(
     steps_per_epoch = len(train_dl) // plan.accum_steps
     total_steps = cfg.max_steps or steps_per_epoch * cfg.epochs
     warn_about_run(cfg, rt, splits, total_steps)  # settings that never fire in a run this short
-    scheduler = build_scheduler(
-        optimizer.optimizer,
-        total_steps,
-        cfg.lr_schedule,
-        cfg.warmup_steps,
-        cfg.lr_milestones,
-        cfg.lr_gamma,
-        cfg.warmup_from,
-    )
+    scheduler = _scheduler(cfg, optimizer.optimizer, total_steps)
     install_unwrapped_weight_hooks(acc)  # nothing is registered for checkpointing: see checkpoint.verify
     resolved = _resolved(acc, plan, lr, total_steps, steps_per_epoch, chosen)
     resolved["augment"] = splits.extra.get("augment")  # the description: random_crop(...)+hflip, or None
@@ -210,6 +202,12 @@ def _init_from_data(model: torch.nn.Module, splits: DataSplits) -> None:
         return
     images = unaugmented_sample(splits.train, int(getattr(model, "init_samples", 5000)))
     init(BatchNormalizer(splits.info.mean, splits.info.std)(images))
+
+
+def _scheduler(cfg: TrainConfig, optimizer, total_steps: int):
+    """The LR schedule the flags describe (``optim`` takes plain values, not the config)."""
+    shape = (cfg.lr_schedule, cfg.warmup_steps, cfg.lr_milestones, cfg.lr_gamma, cfg.warmup_from)
+    return build_scheduler(optimizer, total_steps, *shape)
 
 
 def _model_config(cfg: TrainConfig, splits: DataSplits) -> dict[str, Any]:
