@@ -24,7 +24,7 @@ from test_bad_inputs import snapshot
 
 from accel_train.config import TrainConfig, parse_config
 from accel_train.errors import UserError
-from accel_train.flags import field_type as _field_type
+from accel_train.flags import field_type
 
 RNG_SEED = 0
 
@@ -80,7 +80,7 @@ def _str_values(f, rng: random.Random) -> list[Any]:
 
 def invalid_values(f, rng: random.Random) -> list[Any]:
     """Values of field ``f`` that the config must refuse (each one, whatever the other fields hold)."""
-    typ = _field_type(f)
+    typ = field_type(f)
     if typ is bool:
         return ["maybe", 2, [True], {"a": 1}, 1.5]
     if typ is int:
@@ -121,7 +121,7 @@ def test_fuzz_every_train_config_field(tmp_path):
     config = tmp_path / "hp.yaml"
     cases = 0
     for f in fields(TrainConfig):
-        typ = _field_type(f)
+        typ = field_type(f)
         for value in invalid_values(f, rng):
             argv = _as_flag(f.name, value, typ)
             if argv is not None:

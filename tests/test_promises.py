@@ -205,8 +205,9 @@ def two_ranks(tmp_path_factory):
     """2 gloo ranks straight through, and stopped at step 13 then resumed; rank 1's writes audited in both."""
     root = tmp_path_factory.mktemp("two_ranks")
     audit = {
-        # its sitecustomize.py installs the audit hook; the repository stays first on the path, as for every run
-        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests" / "write_audit"), _env()["PYTHONPATH"]]),
+        # its sitecustomize.py installs the audit hook; added to the runs' own path (the repository first), not
+        # in place of it: a copy of the repository (scripts/mutation_check.py) must still import its own package
+        "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "write_audit"), _env()["PYTHONPATH"]]),
         "ACCEL_TRAIN_AUDIT_ROOT": str(root / "runs"),
         "ACCEL_TRAIN_AUDIT_LOG": str(root / "audit"),
     }

@@ -146,15 +146,14 @@ def _check_saved_config(check: _Checker, saved: dict) -> None:
     """The run's saved ``TrainConfig``: each known field of its type, then the ranges flags are held to."""
     from accel_train.config import TrainConfig, _check_names
     from accel_train.errors import UserError
-    from accel_train.flags import field_type as _field_type
-    from accel_train.flags import is_parsed_text
+    from accel_train.flags import field_type, is_parsed_text
     from accel_train.tracking import tracker_names
 
     known = {}
     for f in fields(TrainConfig):
         if f.name not in saved:
             continue
-        value, typ = saved[f.name], _field_type(f)
+        value, typ = saved[f.name], field_type(f)
         ok = (value is None and "None" in str(f.type)) or (
             isinstance(value, typ) and (typ is bool or not isinstance(value, bool))
         )

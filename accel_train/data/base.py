@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import Dataset
 
 from accel_train.data.augment import Augmented, KeyedAugment
-from accel_train.data.settings import DATA_FIELDS, DataConfig  # noqa: F401  (re-exported: builders import it here)
+from accel_train.data.settings import DataConfig  # noqa: F401  (re-exported: the builders import it here)
 
 
 @dataclass
