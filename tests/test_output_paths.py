@@ -340,10 +340,10 @@ def test_integer_buffers_still_load_and_one_int8_tensor_is_named():
     model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2))
     sd = {k: v.clone() for k, v in model.state_dict().items()}
     assert sd["1.num_batches_tracked"].dtype == torch.int64
-    load_weights(sd, nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2)))  # an integer buffer is fine
+    load_weights(nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2)), sd)  # an integer buffer is fine
     sd["0.weight"] = sd["0.weight"].to(torch.int8)
     with pytest.raises(CheckpointError, match=r"tensor 0\.weight is int8 but the model holds it as float32"):
-        load_weights(sd, model, strict=False)
+        load_weights(model, sd, strict=False)
 
 
 def test_plot_runs_writes_the_format_its_extension_names(tmp_path, run):

@@ -126,7 +126,9 @@ def test_user_model_trains_and_rebuilds_only_with_opt_in(tmp_path, user_package)
 
 
 def test_a_config_alone_never_imports_code(tmp_path, user_package, capsys):
-    """config.json naming a module: load_model, predict, evaluate, convert and inspect all leave it unimported."""
+    """config.json naming a module: load_model, predict, evaluate, convert and inspect all leave it unimported.
+
+    Convert copies the tensors and config without building the model; the others refuse without --allow-import."""
     from PIL import Image
 
     from accel_train.checkpoint.weights import export_weights, inspect_checkpoint, user_code_allowed
@@ -143,12 +145,19 @@ def test_a_config_alone_never_imports_code(tmp_path, user_package, capsys):
         "load_model": lambda: load_model(export),
         "predict": lambda: predict.main(["--weights", str(export), str(image)]),
         "evaluate": lambda: evaluate.main(["--weights", str(export), "--dataset", "synthetic"]),
-        "convert": lambda: convert.main([str(export), "--out", str(tmp_path / "converted")]),
     }
     for name, attempt in attempts.items():
         with pytest.raises(UserError, match="--allow-import"):
             attempt()
         assert "mypkg.mymodel" not in sys.modules and not (user_package / "IMPORTED").exists(), name
+    assert convert.main([str(export), "--out", str(tmp_path / "converted")]) == 0
+    assert "imported only with --allow-import" in capsys.readouterr().out
+    assert "mypkg.mymodel" not in sys.modules and not (user_package / "IMPORTED").exists()
+    assert json.loads((tmp_path / "converted" / "config.json").read_text())["model"] == "mypkg.mymodel:build"
+    with pytest.raises(UserError, match="do not fit"):  # --allow-import: imported, built, the lenet weights refused
+        convert.main([str(export), "--out", str(tmp_path / "checked"), "--allow-import"])
+    assert (user_package / "IMPORTED").exists() and not (tmp_path / "checked").exists()
+    _forget(user_package)
     assert inspect_checkpoint(export)["model_config"]["model"] == "mypkg.mymodel:build"
     with user_code_allowed(False):
         with pytest.raises(UserError, match="--allow-import"):
@@ -215,9 +224,9 @@ def test_api_trains_a_module_instance_on_a_users_dataset(tmp_path):
     config = json.loads((out / "model" / "config.json").read_text())
     assert config["class_names"] == ["zero", "one", "two"] and config["dataset"] == "custom"
     assert config["model"] == f"instance:{Net.__module__}.Net"
-    with pytest.raises(UserError, match=r"was an nn\.Module object .*load_weights\(path, model\)"):
+    with pytest.raises(UserError, match=r"was an nn\.Module object .*load_weights\(model, path\)"):
         load_model(out / "model", allow_import=True)
-    load_weights(out / "model", Net(3, 1, 12))  # the weights fit the user's own module
+    load_weights(Net(3, 1, 12), out / "model")  # the weights fit the user's own module
 
 
 def test_api_builds_a_class_seeded_and_splits_tensors(tmp_path):
@@ -296,3 +305,7 @@ def test_example_script_under_accelerate_launch_multi_cpu(tmp_path):
     assert s["eval_accuracy"] >= 0.85 and s["eval_samples"] == 397
     config = json.loads((out / "model" / "config.json").read_text())
     assert config["model"] == "__main__:TinyNet" and config["image_size"] == 8
+    # examples/use_your_weights.py: the saved weights in the user's own TinyNet give the run's test accuracy
+    use = [sys.executable, str(REPO / "examples" / "use_your_weights.py")]
+    used = check(subprocess.run(use, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=300))
+    assert used.stdout.strip().endswith(f"({round(s['eval_accuracy'] * 397)}/397)"), used.stdout

@@ -26,7 +26,7 @@ from accel_train.checkpoint.weights import (
     read_state_dict,
     unwrap_state_dict,
 )
-from accel_train.errors import CheckpointError
+from accel_train.errors import CheckpointError, UserError
 from accel_train.models import create_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -199,7 +199,7 @@ def test_foreign_weights_load_into_plain_model(tmp_path, writer):
     original = _model(seed=0)
     source = writer(original, tmp_path)
     fresh = _model(seed=1)
-    meta = load_weights(source, fresh)
+    meta = load_weights(fresh, source)
     _assert_same_outputs(original, fresh)
     assert meta["missing_keys"] == [] and meta["unexpected_keys"] == []
     sd, read_meta = read_state_dict(source)
@@ -212,7 +212,7 @@ def test_mnist_cnn_dataparallel_pickle(tmp_path):
     original = _model("mnist_cnn", seed=0)
     source = _dataparallel_pkl(original, tmp_path)
     fresh = _model("mnist_cnn", seed=1)
-    meta = load_weights(source, fresh)
+    meta = load_weights(fresh, source)
     assert meta["prefixes"] == ["module."]
     _assert_same_outputs(original, fresh)
 
@@ -233,10 +233,10 @@ def test_load_into_wrapped_models(tmp_path):
     original = _model()
     source = _ddp_pth(original, tmp_path)
     fresh = _model(seed=1)
-    load_weights(source, nn.DataParallel(fresh))
+    load_weights(nn.DataParallel(fresh), source)
     _assert_same_outputs(original, fresh)
     fresh = _model(seed=2)
-    load_weights(source, torch.compile(fresh))  # the compiled wrapper is never called
+    load_weights(torch.compile(fresh), source)  # the compiled wrapper is never called
     _assert_same_outputs(original, fresh)
 
 
@@ -254,11 +254,11 @@ def test_model_with_a_child_named_module(tmp_path):
     original = Holder(_model(seed=0)).eval()
     torch.save(original.state_dict(), tmp_path / "holder.pt")
     fresh = Holder(_model(seed=1))
-    meta = load_weights(tmp_path / "holder.pt", fresh)
+    meta = load_weights(fresh, tmp_path / "holder.pt")
     assert meta["prefixes"] == []
     _assert_same_outputs(original, fresh)
     plain = _model(seed=3)  # ... while a plain model gets them stripped
-    load_weights(tmp_path / "holder.pt", plain)
+    load_weights(plain, tmp_path / "holder.pt")
     _assert_same_outputs(original, plain)
 
 
@@ -281,7 +281,7 @@ def test_mixed_prefixes_are_reported_and_still_load(tmp_path):
     _, meta = read_state_dict(tmp_path / "mixed.pt")
     assert meta["mixed_prefixes"] == ["module."]
     fresh = _model(seed=1)
-    load_weights(tmp_path / "mixed.pt", fresh)
+    load_weights(fresh, tmp_path / "mixed.pt")
     _assert_same_outputs(original, fresh)
     assert len(keys) == len(mixed)
 
@@ -304,7 +304,7 @@ def test_malicious_pickle_is_refused_and_never_runs(tmp_path):
     evil = tmp_path / "evil.pt"
     torch.save({"state_dict": _model().state_dict(), "payload": _TouchMarker(marker)}, evil)
     with pytest.raises(CheckpointError, match="refused") as info:
-        load_weights(evil, _model())
+        load_weights(_model(), evil)
     assert "arbitrary code" in str(info.value) and "weights_only=False" in str(info.value)
     assert "\n" not in str(info.value)
     with pytest.raises(CheckpointError, match="refused"):
@@ -323,7 +323,7 @@ def test_malicious_pickle_in_accelerate_dir_is_never_touched(tmp_path):
     marker = tmp_path / "MARKER"
     torch.save({"rng": _TouchMarker(marker)}, source / "random_states_0.pkl")
     torch.save({"x": _TouchMarker(marker)}, source / "custom_checkpoint_0.pkl")
-    load_weights(source, _model(seed=1))
+    load_weights(_model(seed=1), source)
     inspect_checkpoint(source)
     assert not marker.exists()
 
@@ -331,7 +331,7 @@ def test_malicious_pickle_in_accelerate_dir_is_never_touched(tmp_path):
 def test_pickled_whole_module_is_refused(tmp_path):
     torch.save(_model(), tmp_path / "whole.pt")
     with pytest.raises(CheckpointError, match="refused") as info:
-        load_weights(tmp_path / "whole.pt", _model())
+        load_weights(_model(), tmp_path / "whole.pt")
     message = str(info.value)
     assert "LeNet" in message and "state_dict()" in message and "clean.pt" in message
 
@@ -341,7 +341,7 @@ def test_truncated_file(tmp_path):
     data = (tmp_path / "full.pt").read_bytes()
     (tmp_path / "half.pt").write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="truncated") as info:
-        load_weights(tmp_path / "half.pt", _model())
+        load_weights(_model(), tmp_path / "half.pt")
     assert "half.pt" in str(info.value)
 
 
@@ -362,7 +362,7 @@ def test_empty_directory_and_missing_path(tmp_path):
         read_state_dict(tmp_path / "empty")
     assert "model.safetensors" in str(info.value) and "pytorch_model.bin" in str(info.value)
     with pytest.raises(CheckpointError, match="does not exist"):
-        load_weights(tmp_path / "nope.pt", _model())
+        load_weights(_model(), tmp_path / "nope.pt")
 
 
 def test_directory_of_checkpoints_points_to_subdirectories(tmp_path):
@@ -380,7 +380,7 @@ def test_file_without_state_dict(tmp_path):
 def test_another_architecture(tmp_path):
     torch.save(_model("resnet18").state_dict(), tmp_path / "resnet.pt")
     with pytest.raises(CheckpointError) as info:
-        load_weights(tmp_path / "resnet.pt", _model("lenet"))
+        load_weights(_model("lenet"), tmp_path / "resnet.pt")
     message = str(info.value)
     assert "missing keys: net.0.weight" in message
     assert "unexpected keys: stem.0.weight" in message
@@ -390,18 +390,18 @@ def test_another_architecture(tmp_path):
 def test_other_num_classes_and_in_channels(tmp_path):
     torch.save(_model(num_classes=5).state_dict(), tmp_path / "five.pt")
     with pytest.raises(CheckpointError, match="num_classes") as info:
-        load_weights(tmp_path / "five.pt", _model())
+        load_weights(_model(), tmp_path / "five.pt")
     assert "net.9.weight" in str(info.value) and "in_channels" not in str(info.value)
     torch.save(_model(in_channels=3).state_dict(), tmp_path / "rgb.pt")
     with pytest.raises(CheckpointError, match="in_channels"):
-        load_weights(tmp_path / "rgb.pt", _model())
+        load_weights(_model(), tmp_path / "rgb.pt")
 
 
 def test_non_strict_loads_what_fits(tmp_path):
     original = _model(num_classes=5)
     torch.save(original.state_dict(), tmp_path / "five.pt")
     fresh = _model(seed=1)
-    meta = load_weights(tmp_path / "five.pt", fresh, strict=False)
+    meta = load_weights(fresh, tmp_path / "five.pt", strict=False)
     assert meta["mismatched_keys"] == ["net.9.weight", "net.9.bias"]
     assert torch.equal(fresh.net[0].weight, original.net[0].weight)
 
@@ -456,6 +456,63 @@ def test_load_model_needs_a_name_without_config(tmp_path):
         load_model(source, "lenet", num_classes=10)
 
 
+def test_load_weights_takes_the_model_first_as_torch_does(tmp_path):
+    """load_weights(model, source): the order of load_state_dict and accelerate's load_checkpoint_in_model."""
+    import warnings
+
+    import accel_train
+
+    original = _model()
+    path = export_weights(original, tmp_path / "out", {"model": "lenet"})
+    for source in (tmp_path / "out", str(path), original.state_dict()):
+        fresh = _model(seed=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the new order warns about nothing
+            meta = load_weights(fresh, source, strict=True)
+        assert meta["missing_keys"] == [] and meta["unexpected_keys"] == []
+        _assert_same_outputs(original, fresh)
+    fresh = _model(seed=1)
+    accel_train.load_weights(model=fresh, source=path)  # the package's own name, by keyword
+    _assert_same_outputs(original, fresh)
+
+
+def test_load_weights_old_order_still_loads_with_a_deprecation_warning(tmp_path):
+    original = _model()
+    path = export_weights(original, tmp_path / "out", None)
+    fresh = _model(seed=1)
+    with pytest.warns(
+        DeprecationWarning, match=r"load_weights\(source, model\) is deprecated: call load_weights\(model, source\)"
+    ) as caught:
+        meta = load_weights(path, fresh, strict=False)
+    assert len(caught) == 1 and caught[0].filename == __file__  # points at the caller's line (stacklevel=2)
+    assert "\n" not in str(caught[0].message) and meta["missing_keys"] == []
+    _assert_same_outputs(original, fresh)
+
+
+def test_load_weights_arguments_of_the_wrong_kind_say_what_to_do(tmp_path):
+    path = export_weights(_model(), tmp_path / "out", None)
+    for bad in ((path, str(path)), ({"a": torch.zeros(1)}, path)):
+        with pytest.raises(UserError, match=r"needs an nn\.Module first, got a \w+: load_weights\(model, path\)"):
+            load_weights(*bad)
+    for source in (42, None, _model()):
+        with pytest.raises(UserError, match=r"needs a weights path or a state dict as source, got a \w+"):
+            load_weights(_model(), source)
+
+
+def test_load_model_returns_a_named_tuple(tmp_path):
+    import accel_train
+    from accel_train.checkpoint import LoadedModel
+
+    original = _model(num_classes=4)
+    config = {"model": "lenet", "num_classes": 4, "in_channels": 1, "image_size": 28}
+    export_weights(original, tmp_path / "out", config)
+    loaded = accel_train.load_model(tmp_path / "out")
+    assert isinstance(loaded, LoadedModel) and isinstance(loaded, tuple) and len(loaded) == 2
+    model, loaded_config = loaded  # tuple unpacking, as before
+    assert loaded.model is model and loaded.config is loaded_config and loaded_config == config
+    _assert_same_outputs(original, loaded.model)
+
+
 def test_export_handles_tied_and_non_contiguous_tensors(tmp_path):
     class Tied(nn.Module):
         def __init__(self):
@@ -467,7 +524,7 @@ def test_export_handles_tied_and_non_contiguous_tensors(tmp_path):
     original = Tied()
     path = export_weights(original, tmp_path / "tied", None)
     fresh = Tied()
-    load_weights(path, fresh)
+    load_weights(fresh, path)
     assert torch.equal(fresh.a.weight, original.a.weight) and fresh.a.weight is fresh.b.weight
 
     t = torch.arange(12.0).reshape(3, 4)

@@ -1,4 +1,8 @@
-"""Checkpoints: resumable training state (``state``) and weights from anywhere (``weights``)."""
+"""Checkpoints: resumable training state (``state``) and weights from anywhere (``weights``).
+
+``load_weights(model, source, strict=True)`` loads any export, checkpoint or state dict into your module;
+``load_model(source)`` rebuilds the model a config names and returns ``LoadedModel(model, config)``.
+"""
 
 from accel_train.checkpoint.state import (
     TrainState,
@@ -13,6 +17,8 @@ _WEIGHTS_API = (
     "read_state_dict",
     "load_weights",
     "load_model",
+    "LoadedModel",
+    "saved_model_config",
     "export_weights",
     "inspect_checkpoint",
     "unwrap_state_dict",

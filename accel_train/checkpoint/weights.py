@@ -10,9 +10,10 @@ import contextlib
 import contextvars
 import json
 import os
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch import Tensor, nn
 
@@ -37,11 +38,13 @@ from accel_train.fsio import atomic_write
 
 __all__ = [
     "WRAPPER_PREFIXES",
+    "LoadedModel",
     "export_weights",
     "inspect_checkpoint",
     "load_model",
     "load_weights",
     "read_state_dict",
+    "saved_model_config",
     "user_code_allowed",
     "unwrap_model",
     "unwrap_state_dict",
@@ -139,23 +142,46 @@ def _shape_causes(expected: Mapping[str, Tensor], mismatched: list[tuple[str, tu
     return causes
 
 
-def load_weights(source: str | os.PathLike | Mapping[str, Tensor], model: nn.Module, strict: bool = True) -> dict:
-    """Load weights from ``source`` (path or state dict) into ``model``; returns the metadata.
+def load_weights(
+    model: nn.Module, source: str | os.PathLike | Mapping[str, Tensor], strict: bool = True
+) -> dict[str, Any]:
+    """Load weights from ``source`` (a path or a state dict) into ``model``; returns the metadata of
+    :func:`read_state_dict` (``path``, ``model_config``: the config saved with the weights, or None, ...).
 
-    ``model`` may be wrapped (DataParallel/DDP/torch.compile): the inner module is
+    The order of torch's ``model.load_state_dict(sd)`` and accelerate's ``load_checkpoint_in_model(model, path)``.
+    ``source`` is anything :func:`read_state_dict` reads (an export, a checkpoint directory, a ``.pt`` file...)
+    or a state dict. ``model`` may be wrapped (DataParallel/DDP/torch.compile): the inner module is
     loaded. Tensors are read on CPU and copied into the parameters wherever they
     live. With ``strict=True`` any missing/unexpected key or shape mismatch raises
     a :class:`CheckpointError` that names the keys and the likely cause; with
     ``strict=False`` what fits is loaded and the rest is listed in the metadata
-    (``missing_keys``, ``unexpected_keys``, ``mismatched_keys``).
+    (``missing_keys``, ``unexpected_keys``, ``mismatched_keys``). The old order
+    ``load_weights(source, model)`` still works, with a DeprecationWarning.
     """
+    if isinstance(source, nn.Module) and not isinstance(model, nn.Module):
+        warnings.warn(
+            "load_weights(source, model) is deprecated: call load_weights(model, source), the order of torch's "
+            "load_state_dict",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        model, source = source, model
+    if not isinstance(model, nn.Module):
+        raise UserError(
+            f"load_weights needs an nn.Module first, got a {type(model).__name__}: load_weights(model, path)"
+        )
     if isinstance(source, Mapping):
         if not _is_state_dict(source):
             raise UserError("load_weights needs a state dict (a dict of name -> tensor) or a weights path")
         raw = {k: v.detach().cpu() for k, v in source.items()}
         meta: dict = {"format": "state_dict", "kind": "memory", "path": "<state dict>", "model_config": None}
-    else:
+    elif isinstance(source, (str, os.PathLike)):
         raw, meta = _read_raw(source)
+    else:
+        raise UserError(
+            f"load_weights(model, source) needs a weights path or a state dict as source, got a "
+            f"{type(source).__name__}; for another module's weights pass other.state_dict()"
+        )
     return _load_into(raw, meta, model, strict)
 
 
@@ -238,7 +264,7 @@ def user_code_allowed(allowed: bool = True) -> Iterator[None]:
 def _check_rebuild(config: dict, model_name: str | None, allow_import: bool | None, where: str) -> None:
     """A config alone never imports code: user code needs the caller's explicit name or opt-in."""
     from accel_train.models import check_model_name, is_user_code
-    from accel_train.models.user import is_instance_label, rebuild_instance_error
+    from accel_train.models.user import is_instance_label, is_main_script, main_script_error, rebuild_instance_error
 
     spec = str(config["model"])
     try:
@@ -247,6 +273,8 @@ def _check_rebuild(config: dict, model_name: str | None, allow_import: bool | No
         raise CheckpointError(f"{where}: model {exc}") from None
     if is_instance_label(spec):
         raise rebuild_instance_error(f"{spec} (in {where})")
+    if is_user_code(spec) and is_main_script(spec):
+        raise main_script_error(f"{spec} (in {where})")
     if model_name is not None:
         return  # the caller named the model: building it is what was asked
     allowed = _ALLOW_IMPORT.get() if allow_import is None else allow_import
@@ -257,23 +285,13 @@ def _check_rebuild(config: dict, model_name: str | None, allow_import: bool | No
         )
 
 
-def load_model(
-    source: str | os.PathLike, model_name: str | None = None, *, allow_import: bool | None = None, **overrides: Any
-) -> tuple[nn.Module, dict]:
-    """Rebuild the model described next to the weights and load them strictly.
+def _resolved_config(
+    meta: dict, model_name: str | None, given: dict[str, Any], sd: Mapping[str, Tensor] | None
+) -> tuple[dict, str]:
+    """(the saved config with ``model_name`` and ``given`` applied, where it came from); sizes missing from it
+    are guessed from ``sd`` when given. Validated, one line per bad field; nothing is imported."""
+    from accel_train.models import available_models
 
-    The config comes from an export's ``config.json`` or a checkpoint directory's
-    ``progress.json["model_config"]``; ``model_name`` and ``overrides``
-    (``num_classes``, ``in_channels``, ``image_size``, ...) take precedence. When no
-    config exists, ``model_name`` is required and the sizes not given are guessed
-    from the weights. Returns (model in eval mode on CPU, config dict).
-
-    A config naming user code (``package.module:callable``) is imported only when the caller
-    names it as ``model_name`` or opts in with ``allow_import=True`` (or :func:`user_code_allowed`).
-    """
-    from accel_train.models import available_models, create_model
-
-    sd, meta = read_state_dict(source)
     config = dict(meta["model_config"] or {})
     if "model" not in config:
         for alias in ("model_name", "name", "arch"):
@@ -282,14 +300,13 @@ def load_model(
                 break
     if model_name is not None:
         config["model"] = model_name
-    given = {k: v for k, v in overrides.items() if v is not None}
     config.update(given)
     if not config.get("model"):
         raise CheckpointError(
             f"no model config found with {meta['path']} (no config.json or progress.json): "
             "pass the model name (e.g. --model lenet, or model_name='lenet') and its sizes"
         )
-    for key, value in _infer_sizes(sd).items():
+    for key, value in (_infer_sizes(sd) if sd is not None else {}).items():
         config.setdefault(key, value)
     where = meta["config_path"] or "the model config"
     if given:
@@ -297,6 +314,49 @@ def load_model(
     spec = isinstance(config["model"], str) and config["model"] not in available_models() and ":" in config["model"]
     # types, ranges, lengths: one line naming the file and the field (tv:, user code: checked by _check_rebuild)
     check_model_config({k: v for k, v in config.items() if k != "model"} if spec else config, where)
+    return config, where
+
+
+def saved_model_config(meta: dict, model_name: str | None = None, **overrides: Any) -> dict:
+    """The model config saved with the weights (``meta`` from :func:`read_state_dict`), validated.
+
+    ``model_name`` and the ``overrides`` that are not None take precedence, as in :func:`load_model`;
+    no size is guessed, and nothing is imported or built (what ``convert_checkpoint.py`` copies).
+    """
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return _resolved_config(meta, model_name, given, None)[0]
+
+
+class LoadedModel(NamedTuple):
+    """What :func:`load_model` returns: ``model, config = load_model(path)`` or ``load_model(path).model``."""
+
+    model: nn.Module
+    config: dict
+
+
+def load_model(
+    source: str | os.PathLike, model_name: str | None = None, *, allow_import: bool | None = None, **overrides: Any
+) -> LoadedModel:
+    """Rebuild the model described next to the weights and load them strictly.
+
+    Returns ``LoadedModel(model, config)``, a named tuple: ``model`` in eval mode on CPU, and ``config``, the
+    dict it was built from (model name, sizes, and what else was saved: mean, std, class_names...).
+    The config comes from an export's ``config.json`` or a checkpoint directory's
+    ``progress.json["model_config"]``; ``model_name`` and ``overrides``
+    (``num_classes``, ``in_channels``, ``image_size``, ...) take precedence. When no
+    config exists, ``model_name`` is required and the sizes not given are guessed
+    from the weights. For a model of your own that no config can rebuild (defined in
+    your script's ``__main__``, or an object given to ``accel_train.train``), build it
+    yourself and call :func:`load_weights`.
+
+    A config naming user code (``package.module:callable``) is imported only when the caller
+    names it as ``model_name`` or opts in with ``allow_import=True`` (or :func:`user_code_allowed`).
+    """
+    from accel_train.models import create_model
+
+    sd, meta = read_state_dict(source)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    config, where = _resolved_config(meta, model_name, given, sd)
     _check_rebuild(config, model_name, allow_import, where)
     kwargs = {k: int(config[k]) for k in ("num_classes", "in_channels", "image_size") if config.get(k) is not None}
     try:
@@ -308,7 +368,7 @@ def load_model(
         config[key] = value
     _load_into(sd, meta, model, strict=True)  # a mismatch names the weights file and its config
     model.eval()
-    return model, config
+    return LoadedModel(model, config)
 
 
 def _standalone_tensors(sd: Mapping[str, Tensor]) -> dict[str, Tensor]:

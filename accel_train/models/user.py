@@ -4,6 +4,8 @@ The callable is called as ``callable(num_classes=, in_channels=, image_size=)`` 
 ``nn.Module``. Naming it is harmless (:func:`is_import_spec` checks the spelling only); importing it
 runs the module's code, so only :func:`resolve` imports, and only callers that were given the spec by
 the user call it (``--model`` of a training run, or ``load_model`` with an explicit opt-in).
+``__main__:Name``, a class of the script that trained it, cannot be imported by any other program
+(:func:`is_main_script`): its weights are loaded into an instance the user builds (``load_weights``).
 """
 
 from __future__ import annotations
@@ -40,7 +42,20 @@ def instance_label(model) -> str:
 def rebuild_instance_error(name: str) -> UserError:
     return UserError(
         f"model {name} was an nn.Module object given to accel_train.train(), which a config cannot rebuild; "
-        "build it in Python and load the weights with accel_train.checkpoint.weights.load_weights(path, model)"
+        "build it in Python and load the weights with accel_train.checkpoint.load_weights(model, path)"
+    )
+
+
+def is_main_script(spec: str) -> bool:
+    """``__main__:Name`` that this process's ``__main__`` does not hold: a class of the script that trained it."""
+    return spec.partition(":")[0] == "__main__" and already_imported(spec) is None
+
+
+def main_script_error(name: str) -> UserError:
+    return UserError(
+        f"model {name} was defined in the script that trained it (its __main__), which no other program can import; "
+        "build it in your own script and load the weights with accel_train.checkpoint.load_weights(model, path), "
+        "or move it into a module and name it package.module:callable"
     )
 
 
@@ -67,6 +82,8 @@ def resolve(spec: str) -> Callable:
             f"--model {spec}: cannot import {module_name} ({exc}); run from the folder that holds it, add that "
             "folder to PYTHONPATH, or pip install your package"
         ) from None
+    if module_name == "__main__" and already_imported(spec) is None:
+        raise main_script_error(spec)
     target = _lookup(module, attr, spec)
     if not callable(target):
         raise UserError(f"--model {spec}: {attr} is a {type(target).__name__}, not a class or function")
