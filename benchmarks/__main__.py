@@ -22,7 +22,8 @@ def _csv(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
-def main(argv=None):
+def _parser():
+    """The command line; its errors are one-line ``UserError``s (exit 2, no traceback)."""
     import argparse
 
     from accel_train.errors import UserError
@@ -90,13 +91,21 @@ def main(argv=None):
     )
     parser.add_argument("--keep-runs", action="store_true", help="keep the children's run folders (debugging)")
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tests: lenet, cpu_fp32, few steps
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    from accel_train.errors import UserError
+
+    args = _parser().parse_args(argv)
     if args.repeats is not None and args.repeats < 1:
         raise UserError(f"--repeats must be >= 1, got {args.repeats}")
 
     import shlex
 
-    from benchmarks.bench import README_BEGIN, README_END, BenchOptions, run_benchmark
+    from benchmarks.bench import run_benchmark
+    from benchmarks.report import README_BEGIN, README_END
+    from benchmarks.setups import BenchOptions
 
     if args.readme is not None:  # before minutes of measuring, not after
         text = args.readme.read_text() if args.readme.is_file() else ""

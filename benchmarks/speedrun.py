@@ -158,7 +158,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     import torch
 
-    from benchmarks.bench import one_gpu_env
+    from benchmarks.devices import one_gpu_env
 
     env, cuda = one_gpu_env(), torch.cuda.is_available()
     with tempfile.TemporaryDirectory(prefix="accel_speedrun_") as work:

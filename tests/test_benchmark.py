@@ -12,7 +12,25 @@ import pytest
 from conftest import REPO, check
 
 from accel_train.launch import child_env
-from benchmarks import bench
+from benchmarks import plain_server
+from benchmarks.bench import _cells
+from benchmarks.devices import one_gpu_env, precision_flags, tf32_mode, visible_devices
+from benchmarks.goals import _speedrun_goals, evaluate_goals
+from benchmarks.machine import measure_gemm_peak
+from benchmarks.plain import PlainTrainer, _plain_measure, plain_throughput
+from benchmarks.plain_server import PlainServer, plain_command
+from benchmarks.portable import (
+    _display_command,
+    portable_command,
+    portable_env,
+    portable_summary_fields,
+    setup_mismatch,
+    write_wrapper,
+)
+from benchmarks.report import README_BEGIN, README_END, render_markdown, update_readme, write_chart
+from benchmarks.results import aggregate
+from benchmarks.setups import CUDA_SETUPS, MODELS, SETUPS, WINDOW_STEPS, BenchOptions, select_workload
+from benchmarks.speedrun import markdown as speedrun_markdown
 
 
 def _benchmark(*args: str, timeout: float) -> subprocess.CompletedProcess:
@@ -84,11 +102,11 @@ def test_smoke_run_writes_json_markdown_and_chart(tmp_path):
 
 def test_speedrun_goal_counts_only_on_cifar10():
     result = {"data": "CIFAR-10", "final_accuracy": 0.9405, "steps": 648}
-    [goal] = bench._speedrun_goals(result)
+    [goal] = _speedrun_goals(result)
     assert goal["met"] is True and goal["threshold"] == 0.94 and "648 steps" in goal["goal"]
-    assert bench._speedrun_goals({**result, "final_accuracy": 0.931})[0]["met"] is False
-    assert bench._speedrun_goals({"skipped": "no GPU visible"}) == []
-    assert "Not run: no GPU visible" in "\n".join(bench.speedrun_markdown({"skipped": "no GPU visible"}))
+    assert _speedrun_goals({**result, "final_accuracy": 0.931})[0]["met"] is False
+    assert _speedrun_goals({"skipped": "no GPU visible"}) == []
+    assert "Not run: no GPU visible" in "\n".join(speedrun_markdown({"skipped": "no GPU visible"}))
 
 
 def test_unknown_model_is_a_one_line_error(tmp_path):
@@ -201,7 +219,7 @@ def _fabricated_report() -> dict:
         },
         "settings": {"mode": "full", "repeats": 2, "warmup_steps_excluded": 5, "data": "synthetic"},
         "results": results,
-        "goals": bench.evaluate_goals(results, t2a, help_timing),
+        "goals": evaluate_goals(results, t2a, help_timing),
         "bf16_study": [
             {
                 "model": "resnet18",
@@ -224,7 +242,7 @@ def test_goals_and_report_from_fabricated_numbers(tmp_path):
     assert ddp["value"] == 0.7 and ddp["met"] is False
     t2a = next(g for name, g in goals.items() if name.startswith("time to 97%"))
     assert t2a["met"] is True  # 6.7x even as a lower bound
-    md = bench.render_markdown(report)
+    md = render_markdown(report)
     for text in (
         "## 2 gloo processes",
         "gradient all-reduce ~3.0",
@@ -234,7 +252,7 @@ def test_goals_and_report_from_fabricated_numbers(tmp_path):
         "| digits | **speedup** | | >= 6.7x |",
     ):
         assert text in md, text
-    bench.write_chart(report, tmp_path / "chart.png")
+    write_chart(report, tmp_path / "chart.png")
     assert (tmp_path / "chart.png").read_bytes()[:8] == PNG_SIGNATURE
 
 
@@ -242,19 +260,19 @@ def test_readme_block_is_rewritten_from_the_report(tmp_path):
     report = _fabricated_report()
     report["settings"]["command"] = "python scripts/benchmark.py --repeats 1 --readme README.md"
     readme = tmp_path / "README.md"
-    readme.write_text(f"# intro\n\n{bench.README_BEGIN} old -->\nold numbers\n{bench.README_END}\n\nprose after\n")
-    bench.update_readme(readme, report)
+    readme.write_text(f"# intro\n\n{README_BEGIN} old -->\nold numbers\n{README_END}\n\nprose after\n")
+    update_readme(readme, report)
     text = readme.read_text()
     assert text.startswith("# intro\n\n") and text.endswith("\n\nprose after\n") and "old numbers" not in text
-    block = text[text.index(bench.README_BEGIN) : text.index(bench.README_END)]
+    block = text[text.index(README_BEGIN) : text.index(README_END)]
     assert "`python scripts/benchmark.py --repeats 1 --readme README.md`" in block
     assert "CPU kind `" in block and "| model | setup | batch |" in block and "| goal | measured |" in block
     assert all(f"| {r['model']} | {r['setup']} |" in block for r in report["results"])
-    bench.update_readme(readme, report)  # idempotent: the markers survive
+    update_readme(readme, report)  # idempotent: the markers survive
     assert readme.read_text() == text
     readme.write_text("no markers\n")
     with pytest.raises(Exception, match="no '<!-- benchmark:begin"):
-        bench.update_readme(readme, report)
+        update_readme(readme, report)
 
 
 def test_readme_without_markers_is_refused_before_measuring(tmp_path):
@@ -265,8 +283,8 @@ def test_readme_without_markers_is_refused_before_measuring(tmp_path):
 
 def test_display_command():
     wrapper = Path("/tmp/accel_bench_x/train_with_memory.py")
-    cmd = bench.portable_command(bench.SETUPS[2], "lenet", 32, 10, Path("/tmp/accel_bench_x/run"), wrapper, "quick")
-    shown = bench._display_command(cmd)
+    cmd = portable_command(SETUPS[2], "lenet", 32, 10, Path("/tmp/accel_bench_x/run"), wrapper, "quick")
+    shown = _display_command(cmd)
     assert shown.startswith("accelerate launch --config_file accelerate_configs/multi_cpu.yaml scripts/train.py ")
     assert "--global-batch-size 32" in shown and "--output-dir OUT" in shown
 
@@ -287,26 +305,24 @@ def test_metrics_events_carry_seconds_since_the_run_started(tmp_path):
 
 # --------------------------------------------------------------------------- GPU runs, checked on CPU
 
-CUDA_FP32 = bench.CUDA_SETUPS[0]
-CPU_FP32, GLOO = bench.SETUPS[0], bench.SETUPS[2]
+CUDA_FP32 = CUDA_SETUPS[0]
+CPU_FP32, GLOO = SETUPS[0], SETUPS[2]
 
 
 def test_cuda_selects_the_cifar_workload_and_cpu_keeps_mnist(tmp_path):
     from accel_train.errors import UserError
 
-    assert bench.select_workload("cuda").name == "cifar" and bench.select_workload("cpu").name == "mnist"
-    assert (
-        bench.select_workload("cpu", "cifar").name == "cifar" and bench.select_workload("cuda", "mnist").name == "mnist"
-    )
+    assert select_workload("cuda").name == "cifar" and select_workload("cpu").name == "mnist"
+    assert select_workload("cpu", "cifar").name == "cifar" and select_workload("cuda", "mnist").name == "mnist"
     with pytest.raises(UserError, match="unknown workload"):
-        bench.select_workload("cpu", "imagenet")
+        select_workload("cpu", "imagenet")
 
-    opts = bench.BenchOptions(out=tmp_path, quick=True)
+    opts = BenchOptions(out=tmp_path, quick=True)
     workload = opts.workload_for(CUDA_FP32)
     plan = opts.plan(CUDA_FP32, "resnet18")
     assert (workload.channels, workload.image_size, plan.batch) == (3, 32, 512)
     wrapper = tmp_path / "train_with_memory.py"
-    cmd = bench.portable_command(
+    cmd = portable_command(
         CUDA_FP32,
         "resnet18",
         plan.batch,
@@ -316,27 +332,27 @@ def test_cuda_selects_the_cifar_workload_and_cpu_keeps_mnist(tmp_path):
         "quick",
         workload,
     )
-    shown = bench._display_command(cmd)
+    shown = _display_command(cmd)
     assert shown.startswith(
         "python scripts/train.py --dataset synthetic --synthetic-channels 3 --synthetic-image-size 32 --model resnet18 "
     )
     assert "--global-batch-size 512" in shown
-    plain = bench.plain_command(CUDA_FP32, "resnet18", opts)
+    plain = plain_command(CUDA_FP32, "resnet18", opts)
     assert (plain["channels"], plain["image_size"], plain["batch"], plain["device"]) == (3, 32, 512, "cuda")
-    assert plain["tf32"] is True and plain["log_every"] == bench.WINDOW_STEPS
+    assert plain["tf32"] is True and plain["log_every"] == WINDOW_STEPS
 
-    cells = bench._cells(opts, [CPU_FP32, CUDA_FP32])
+    cells = _cells(opts, [CPU_FP32, CUDA_FP32])
     assert [m for s, m in cells if s is CUDA_FP32] == ["resnet18"]  # MNIST shapes at batch 16-32 say nothing on a GPU
-    assert [m for s, m in cells if s is CPU_FP32] == list(bench.MODELS)
-    cpu_cmd = bench.portable_command(CPU_FP32, "lenet", 32, 4, tmp_path / "run", wrapper, "quick")
+    assert [m for s, m in cells if s is CPU_FP32] == list(MODELS)
+    cpu_cmd = portable_command(CPU_FP32, "lenet", 32, 4, tmp_path / "run", wrapper, "quick")
     assert "--synthetic-channels" not in cpu_cmd
-    cpu_plain = bench.plain_command(CPU_FP32, "lenet", opts)
+    cpu_plain = plain_command(CPU_FP32, "lenet", opts)
     assert (cpu_plain["channels"], cpu_plain["image_size"], cpu_plain["batch"], cpu_plain["tf32"]) == (1, 28, 32, None)
 
-    forced = bench.BenchOptions(out=tmp_path, quick=True, workload="cifar")  # --workload cifar: on CPU too
-    assert bench.plain_command(CPU_FP32, "resnet18", forced)["channels"] == 3
-    assert [m for _, m in bench._cells(forced, [CPU_FP32])] == ["resnet18"]
-    trainer = bench.PlainTrainer("lenet", 4, 1, channels=3, image_size=32)
+    forced = BenchOptions(out=tmp_path, quick=True, workload="cifar")  # --workload cifar: on CPU too
+    assert plain_command(CPU_FP32, "resnet18", forced)["channels"] == 3
+    assert [m for _, m in _cells(forced, [CPU_FP32])] == ["resnet18"]
+    trainer = PlainTrainer("lenet", 4, 1, channels=3, image_size=32)
     assert tuple(trainer.images.shape[1:]) == (3, 32, 32)
 
 
@@ -347,33 +363,33 @@ def test_unknown_workload_is_a_one_line_error(tmp_path):
 
 
 def test_cuda_runs_are_pinned_to_one_gpu(tmp_path, monkeypatch):
-    assert bench.visible_devices(CUDA_FP32, {}) == "0"
-    assert bench.visible_devices(CUDA_FP32, {"CUDA_VISIBLE_DEVICES": "3,1"}) == "3"
-    assert bench.visible_devices(CUDA_FP32, {"CUDA_VISIBLE_DEVICES": "GPU-aa, GPU-bb"}) == "GPU-aa"
-    assert bench.visible_devices(CPU_FP32, {"CUDA_VISIBLE_DEVICES": "3,1"}) == ""
-    assert bench.visible_devices(GLOO, {}) == ""
-    assert bench.one_gpu_env({"CUDA_VISIBLE_DEVICES": "4,7"})["CUDA_VISIBLE_DEVICES"] == "4"  # time to accuracy
-    no_gpu = bench.one_gpu_env({"CUDA_VISIBLE_DEVICES": ""})  # a host without GPUs: left as it is
+    assert visible_devices(CUDA_FP32, {}) == "0"
+    assert visible_devices(CUDA_FP32, {"CUDA_VISIBLE_DEVICES": "3,1"}) == "3"
+    assert visible_devices(CUDA_FP32, {"CUDA_VISIBLE_DEVICES": "GPU-aa, GPU-bb"}) == "GPU-aa"
+    assert visible_devices(CPU_FP32, {"CUDA_VISIBLE_DEVICES": "3,1"}) == ""
+    assert visible_devices(GLOO, {}) == ""
+    assert one_gpu_env({"CUDA_VISIBLE_DEVICES": "4,7"})["CUDA_VISIBLE_DEVICES"] == "4"  # time to accuracy
+    no_gpu = one_gpu_env({"CUDA_VISIBLE_DEVICES": ""})  # a host without GPUs: left as it is
     assert no_gpu.get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
 
-    opts = bench.BenchOptions(out=tmp_path)
-    env = bench.portable_env(CUDA_FP32, opts, tmp_path, parent_env={"CUDA_VISIBLE_DEVICES": "2,3"})
+    opts = BenchOptions(out=tmp_path)
+    env = portable_env(CUDA_FP32, opts, tmp_path, parent_env={"CUDA_VISIBLE_DEVICES": "2,3"})
     assert env["CUDA_VISIBLE_DEVICES"] == "2" and env["ACCEL_BENCH_TF32"] == "1"
-    env = bench.portable_env(CPU_FP32, opts, tmp_path, parent_env={"CUDA_VISIBLE_DEVICES": "2,3"})
+    env = portable_env(CPU_FP32, opts, tmp_path, parent_env={"CUDA_VISIBLE_DEVICES": "2,3"})
     assert env["CUDA_VISIBLE_DEVICES"] == "" and "ACCEL_BENCH_TF32" not in env
-    strict = bench.BenchOptions(out=tmp_path, tf32=False)
-    assert bench.portable_env(CUDA_FP32, strict, tmp_path, parent_env={})["ACCEL_BENCH_TF32"] == "0"
+    strict = BenchOptions(out=tmp_path, tf32=False)
+    assert portable_env(CUDA_FP32, strict, tmp_path, parent_env={})["ACCEL_BENCH_TF32"] == "0"
 
     started = []  # the plain loop's server: the same single GPU
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6")
-    monkeypatch.setattr(bench.subprocess, "Popen", lambda cmd, **kw: started.append(kw["env"]))
-    server = bench.PlainServer(CUDA_FP32, tmp_path, "t")
+    monkeypatch.setattr(plain_server.subprocess, "Popen", lambda cmd, **kw: started.append(kw["env"]))
+    server = PlainServer(CUDA_FP32, tmp_path, "t")
     server._log.close()
     assert started[0]["CUDA_VISIBLE_DEVICES"] == "5" and server.cuda_visible_devices == "5"
 
     summary = {"mixed_precision": "no", "world_size": 1, "data_parallel": True}
-    assert "DataParallel" in bench.setup_mismatch(CUDA_FP32, summary, [], True)
-    assert bench.setup_mismatch(CUDA_FP32, {**summary, "data_parallel": False}, [], True) == ""
+    assert "DataParallel" in setup_mismatch(CUDA_FP32, summary, [], True)
+    assert setup_mismatch(CUDA_FP32, {**summary, "data_parallel": False}, [], True) == ""
 
 
 def test_plain_loop_syncs_only_at_log_points():
@@ -381,7 +397,7 @@ def test_plain_loop_syncs_only_at_log_points():
 
     # fused Adam: the default CPU Adam reads its CPU step counters with .item() (no device sync); fused
     # keeps every .item() of the loop visible here
-    trainer = bench.PlainTrainer("lenet", 8, 40, fused=True)
+    trainer = PlainTrainer("lenet", 8, 40, fused=True)
     phase_syncs = []
     trainer._sync = lambda: phase_syncs.append(1)  # torch.cuda.synchronize on CUDA
     items = []
@@ -393,7 +409,7 @@ def test_plain_loop_syncs_only_at_log_points():
 
     torch.Tensor.item = counting_item
     try:
-        result = bench.plain_throughput(trainer, steps=27, log_every=10, warmup=5)
+        result = plain_throughput(trainer, steps=27, log_every=10, warmup=5)
     finally:
         torch.Tensor.item = item
     # global steps 6..32: the end of the warm-up, the log points 10, 20, 30 and the tail: 5 reads for 32 steps
@@ -404,24 +420,24 @@ def test_plain_loop_syncs_only_at_log_points():
 
 
 def test_plain_measure_records_precision_and_memory_on_cpu():
-    result = bench._plain_measure({"model": "lenet", "batch": 8, "steps": 12, "device": "cpu"})
+    result = _plain_measure({"model": "lenet", "batch": 8, "steps": 12, "device": "cpu"})
     assert result["peak_memory_mb"] is None and result["cuda_visible_devices"] is None
     assert result["host_syncs"] == 3  # warm-up end, step 10, tail (step 17)
-    assert result["precision_flags"] == bench.precision_flags()
+    assert result["precision_flags"] == precision_flags()
     assert set(result["step_breakdown_ms"]) == {"data_wait", "forward_backward", "optimizer", "sync", "total"}
     assert result["samples_per_s"] > 0 and "host time" in result["breakdown_source"]
 
 
 def test_tf32_is_set_alike_and_recorded(tmp_path):
-    before = bench.precision_flags()
+    before = precision_flags()
     for enabled in (True, False):
-        with bench.tf32_mode(enabled):
-            flags = bench.precision_flags()
+        with tf32_mode(enabled):
+            flags = precision_flags()
             assert (flags["matmul_allow_tf32"], flags["cudnn_allow_tf32"]) == (enabled, enabled)
-        assert bench.precision_flags() == before
-    peak = bench.measure_gemm_peak(1, n=32, reps=1, tf32=True)
+        assert precision_flags() == before
+    peak = measure_gemm_peak(1, n=32, reps=1, tf32=True)
     assert (peak["precision_flags"]["matmul_allow_tf32"], peak["precision_flags"]["cudnn_allow_tf32"]) == (True, True)
-    assert bench.precision_flags() == before
+    assert precision_flags() == before
 
     # the portable loop: the wrapper applies ACCEL_BENCH_TF32 before train.py runs and records the flags it ended with
     train = tmp_path / "fake_train.py"
@@ -430,7 +446,7 @@ def test_tf32_is_set_alike_and_recorded(tmp_path):
         "flags = [torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32]\n"
         "open(sys.argv[1], 'w').write(json.dumps(flags))\n"
     )
-    wrapper = bench.write_wrapper(tmp_path, train=train)
+    wrapper = write_wrapper(tmp_path, train=train)
     for value in ("1", "0"):
         mem = tmp_path / f"mem{value}"
         mem.mkdir()
@@ -443,17 +459,15 @@ def test_tf32_is_set_alike_and_recorded(tmp_path):
         rank0 = json.loads((mem / "rank0.json").read_text())
         flags = rank0["precision_flags"]
         assert (flags["matmul_allow_tf32"], flags["cudnn_allow_tf32"]) == (value == "1", value == "1")
-        assert bench.setup_mismatch(CUDA_FP32, {"mixed_precision": "no", "world_size": 1}, [rank0], value == "1") == ""
-        assert "TF32" in bench.setup_mismatch(
-            CUDA_FP32, {"mixed_precision": "no", "world_size": 1}, [rank0], value == "0"
-        )
+        assert setup_mismatch(CUDA_FP32, {"mixed_precision": "no", "world_size": 1}, [rank0], value == "1") == ""
+        assert "TF32" in setup_mismatch(CUDA_FP32, {"mixed_precision": "no", "world_size": 1}, [rank0], value == "0")
 
 
 def test_peak_memory_per_run_and_the_gpu_report(tmp_path):
-    assert bench.portable_summary_fields({})["peak_memory_mb"] is None  # a trainer without the key
-    assert bench.portable_summary_fields({"peak_memory_mb": 812.5})["peak_memory_mb"] == 812.5
+    assert portable_summary_fields({})["peak_memory_mb"] is None  # a trainer without the key
+    assert portable_summary_fields({"peak_memory_mb": 812.5})["peak_memory_mb"] == 812.5
 
-    opts = bench.BenchOptions(out=tmp_path, quick=True)
+    opts = BenchOptions(out=tmp_path, quick=True)
     breakdown = {"data_wait": 0.1, "forward_backward": 8.0, "optimizer": 1.0, "sync": 0.0, "total": 9.1}
     flags = {"matmul_allow_tf32": True, "cudnn_allow_tf32": True, "float32_matmul_precision": "high"}
 
@@ -483,14 +497,14 @@ def test_peak_memory_per_run_and_the_gpu_report(tmp_path):
         ("cpu_fp32", "resnet18"): {"plain": [run(60.0, None)], "portable": [run(62.0, None, **portable_extra)]},
     }
     machine = {"peak_gflops_fp32": 200.0, "peak_gflops_fp32_cuda": 400000.0}
-    results = bench.aggregate(raw, [CPU_FP32, CUDA_FP32], machine, opts)
+    results = aggregate(raw, [CPU_FP32, CUDA_FP32], machine, opts)
     gpu, cpu = (next(r for r in results if r["setup"] == name) for name in ("cuda_fp32", "cpu_fp32"))
     assert (gpu["workload"], gpu["global_batch"], gpu["input_shape"]) == ("cifar", 512, [3, 32, 32])
     assert (gpu["peak_memory_mb"], gpu["plain_peak_memory_mb"], gpu["cuda_visible_devices"]) == (1700.0, 1500.0, "0")
     assert gpu["precision_flags"] == {"portable": flags, "plain": flags}
     assert "speedup_vs_cpu_fp32" not in gpu  # CIFAR on a GPU vs MNIST on a CPU: no ratio
     assert (cpu["peak_memory_mb"], cpu["plain_peak_memory_mb"], cpu["workload"]) == (None, None, "mnist")
-    goals = bench.evaluate_goals(results, None, {})
+    goals = evaluate_goals(results, None, {})
     assert any("1 GPU, cifar" in g["goal"] for g in goals)
 
     report = _fabricated_report()
@@ -506,7 +520,7 @@ def test_peak_memory_per_run_and_the_gpu_report(tmp_path):
         peak_gflops_fp32_cuda=400000.0,
         peak_gflops_bf16_cuda=800000.0,
     )
-    md = bench.render_markdown(report)
+    md = render_markdown(report)
     for text in ("`CUDA_VISIBLE_DEVICES=0`", "TF32 **on**", "torch.backends.cudnn.allow_tf32=True", "1700/1500 |"):
         assert text in md, text
 
@@ -525,16 +539,14 @@ def test_issue_12_goals_default_run_and_bf16_by_cpu_kind():
         "runs_s": [6.0],
         "command": "python scripts/train.py",
     }
-    goals = {g["goal"]: g for g in bench.evaluate_goals(report["results"], None, {}, default_run, "avx512_bf16")}
+    goals = {g["goal"]: g for g in evaluate_goals(report["results"], None, {}, default_run, "avx512_bf16")}
     wall = next(g for name, g in goals.items() if name.startswith("python scripts/train.py (defaults)"))
     assert wall["value"] == 6.0 and wall["met"] is False
     assert next(g for name, g in goals.items() if name.startswith("... with eval_accuracy"))["met"] is True
     if ("cpu_bf16", "resnet18") in index and ("cpu_fp32", "resnet18") in index:
         bf16 = [g for name, g in goals.items() if name.startswith("bf16")]
         assert bf16 and all(g["met"] is None and "AMX" in g["goal"] for g in bf16)  # not applicable here
-        amx = [
-            g for g in bench.evaluate_goals(report["results"], None, {}, None, "amx") if g["goal"].startswith("bf16")
-        ]
+        amx = [g for g in evaluate_goals(report["results"], None, {}, None, "amx") if g["goal"].startswith("bf16")]
         assert amx and all(g["met"] in (True, False) for g in amx)
-    md = bench.render_markdown({**report, "default_run": default_run})
+    md = render_markdown({**report, "default_run": default_run})
     assert "## The default run, from process start" in md and "| 3.00 s | 0.50 s | 2.00 s | 0.50 s |" in md

@@ -24,9 +24,13 @@ from pathlib import Path
 import pytest
 from conftest import REPO, fit_small
 
+from benchmarks import gpu_checks as C
 from benchmarks import gpu_judges as J
+from benchmarks import gpu_judges_parallel as JP
+from benchmarks import gpu_judges_state as JS
 from benchmarks import gpu_runner as R
 from benchmarks import gpu_suite as S
+from benchmarks.gpu_runs import tensor_diff
 
 REQUIRED = {"pytest", "throughput", "resume", "fsdp", "ddp", "sync-bn", "compile", "speedrun"}
 
@@ -92,8 +96,8 @@ def test_plan_text_names_every_check_and_command(capsys):
 
 def test_every_check_has_a_timeout_and_the_default_budget_fits_one_command():
     ctx = R.Context(Path("work"), Path("out"), 1, 0)
-    checks = S.build_checks(ctx)
-    assert [c.name for c in checks] == list(S.CHECK_NAMES)
+    checks = C.build_checks(ctx)
+    assert [c.name for c in checks] == list(C.CHECK_NAMES)
     assert all(0 < c.timeout_s <= 570 for c in checks)
     assert S.parse_args([]).budget_s < 570
 
@@ -104,7 +108,7 @@ def test_every_training_command_of_the_plan_parses(tmp_path):
 
     ctx = R.Context(tmp_path / "work", tmp_path / "out", 1, 0)
     parsed = 0
-    for check in S.build_checks(ctx):
+    for check in C.build_checks(ctx):
         for step in check.steps:
             argv = [str(a) for a in step.argv]
             at = next((i for i, a in enumerate(argv) if a.endswith("scripts/train.py") or a == "shared-gpu-rank"), None)
@@ -361,7 +365,7 @@ def _resume_good() -> dict:
 
 def test_resume_judge_fails_on_weights_optimizer_order_and_an_rng_nothing_used():
     good = _resume_good()
-    _judged(J.judge_resume, good, {
+    _judged(JS.judge_resume, good, {
         "weights": _wrong(good, weights_max_abs_diff=3e-3),
         "optimizer": _wrong(good, optimizer_max_abs_diff=1e-3),
         "order": _wrong(good, data_order__max_rel_diff=0.02),
@@ -407,16 +411,16 @@ def cpu_resume_runs(tmp_path_factory):
 def _cpu_measure(root: Path, run: str) -> dict:
     stopped = "wrong_stopped" if run == "wrong" else "stopped"
     records = [str(root / f"{label}.jsonl") for label in ("straight", stopped, run)]
-    return J.resume_measurements(root / "straight", root / run, "resumed from step 7", records, 7, 20)
+    return JS.resume_measurements(root / "straight", root / run, "resumed from step 7", records, 7, 20)
 
 
 def test_resume_measure_on_real_cpu_runs_passes_a_good_resume_and_fails_a_swapped_rng(cpu_resume_runs):
     good = _cpu_measure(cpu_resume_runs, "resumed")
     assert good["rng"]["cpu"] == {"advanced": True, "equal": True}  # F.dropout used the CPU RNG, and it came back
     assert good["data_order"]["batches"] == [20, 7, 13] and good["optimizer_tensors"] > 0
-    assert J.judge_resume(good)[0] == R.PASS, J.judge_resume(good)
+    assert JS.judge_resume(good)[0] == R.PASS, JS.judge_resume(good)
     wrong = _cpu_measure(cpu_resume_runs, "wrong")
-    status, detail = J.judge_resume(wrong)
+    status, detail = JS.judge_resume(wrong)
     assert status == R.FAIL and "the cpu RNG state at the end differs" in detail and "weights differ" in detail
     assert wrong["data_order"]["max_rel_diff"] == 0.0  # the same batches: only the dropout masks changed
 
@@ -427,7 +431,7 @@ def test_measures_read_real_run_folders_and_the_judges_reject_cpu_stand_ins(cpu_
     import torch
 
     ctx = R.Context(tmp_path / "work", tmp_path / "out", 1, 600)
-    checks = {c.name: c for c in S.build_checks(ctx)}
+    checks = {c.name: c for c in C.build_checks(ctx)}
     runs = {"straight": cpu_resume_runs / "straight", "resumed": cpu_resume_runs / "resumed"}
     layout = {
         "throughput": {row: "straight" for row in J.THROUGHPUT_ROWS},
@@ -470,7 +474,7 @@ def _fsdp_good() -> dict:
 
 def test_fsdp_judge_fails_on_a_diverged_resume_a_stale_export_and_wrong_keys():
     good = _fsdp_good()
-    _judged(J.judge_fsdp, good, {
+    _judged(JS.judge_fsdp, good, {
         "resume diverged": _wrong(good, resumed_vs_straight=4e-3),
         "export is not the checkpoint": _wrong(good, export_vs_checkpoint=1e-3),
         "checkpoint unreadable": _wrong(good, export_vs_checkpoint=math.inf, merge_error="ValueError: x"),
@@ -495,20 +499,20 @@ def test_fsdp_export_is_compared_with_the_sharded_checkpoint_read_on_the_cpu(tmp
         warnings.simplefilter("ignore")
         dcp.save({"model": model}, storage_writer=dcp.FileSystemWriter(str(tmp_path / "pytorch_model_fsdp_0")),
                  no_dist=True)  # fmt: skip
-    merged = J.merged_fsdp_weights(tmp_path)
-    assert J.tensor_diff(merged, model) == 0.0 and not J.keys_vs_model(merged, "benchmarks.gpu_models:bn_net", 3, 32)
+    merged = JS.merged_fsdp_weights(tmp_path)
+    assert tensor_diff(merged, model) == 0.0 and not JS.keys_vs_model(merged, "benchmarks.gpu_models:bn_net", 3, 32)
     stale = {k: v.clone() for k, v in model.items()}
     stale["fc.weight"] += 1e-3
     good = _fsdp_good()
-    assert J.judge_fsdp({**good, "export_vs_checkpoint": J.tensor_diff(stale, merged)})[0] == R.FAIL
-    assert J.keys_vs_model({"fc.weight": torch.zeros(5, 512)}, "benchmarks.gpu_models:bn_net", 3, 32)
+    assert JS.judge_fsdp({**good, "export_vs_checkpoint": tensor_diff(stale, merged)})[0] == R.FAIL
+    assert JS.keys_vs_model({"fc.weight": torch.zeros(5, 512)}, "benchmarks.gpu_models:bn_net", 3, 32)
 
 
 def test_compile_judge_fails_when_nothing_compiled_or_the_resume_diverged():
     good = {"eager": _run(20), "straight": _run(20), "compiled": _run(20), "compile_flag": True,
             "expected_steps": 20, "resume_reported": True, "resumed_vs_straight": 0.0, "compiled_vs_eager": 3e-5,
             "wrapped_keys": [], "inductor_files": 12}  # fmt: skip
-    _judged(J.judge_compile, good, {
+    _judged(JS.judge_compile, good, {
         "nothing compiled": _wrong(good, inductor_files=0),
         "flag off": _wrong(good, compile_flag=False),
         "resume diverged": _wrong(good, resumed_vs_straight=2e-4),
@@ -522,7 +526,7 @@ def test_ddp_judge_fails_without_nccl_or_a_world_size_one_ddp():
     good = {"plain": _run(20, distributed_type="NO", world_size=1),
             "ddp": _run(20, distributed_type="MULTI_GPU", world_size=1),
             "expected_steps": 20, "nccl_initialised": True, "ddp_vs_plain": 0.0}  # fmt: skip
-    _judged(J.judge_ddp, good, {
+    _judged(JP.judge_ddp, good, {
         "no NCCL": _wrong(good, nccl_initialised=False),
         "not DDP": _wrong(good, ddp__distributed_type="NO"),
         "diverged": _wrong(good, ddp_vs_plain=1e-3),
@@ -533,7 +537,7 @@ def test_sync_bn_judge_fails_when_the_control_does_not_differ():
     good = {"one": _run(12, world_size=1, global_batch=32), "synced": _run(12, world_size=2, global_batch=32),
             "unsynced": _run(12, world_size=2, global_batch=32), "expected_steps": 12, "converted": True,
             "synced_vs_one": 5e-7, "unsynced_vs_one": 2e-2}  # fmt: skip
-    _judged(J.judge_sync_bn, good, {
+    _judged(JP.judge_sync_bn, good, {
         "synced differs": _wrong(good, synced_vs_one=1e-2),
         "control proves nothing": _wrong(good, unsynced_vs_one=1e-5),
         "control barely farther": _wrong(good, synced_vs_one=2e-5, unsynced_vs_one=1.5e-4),
@@ -547,13 +551,13 @@ def test_data_parallel_judge_fails_on_wrong_threads_dtype_or_gradients_and_repor
     good = {"replica_calls": 2, "replica_threads": 2, "main_thread_ran_a_replica": False,
             "replica_devices": ["cuda:0"], "replica_dtypes": ["torch.bfloat16"], "grad_max_abs_diff": 0.0,
             "grad_max_abs": 0.3}  # fmt: skip
-    _judged(J.judge_data_parallel, good, {
+    _judged(JP.judge_data_parallel, good, {
         "fp16 replicas": _wrong(good, replica_dtypes=["torch.float16"]),
         "one thread": _wrong(good, replica_threads=1),
         "double-counted gradient": _wrong(good, grad_max_abs_diff=0.3),
         "on the host": _wrong(good, replica_devices=["cpu:None"]),
     })  # fmt: skip
-    status, detail = J.judge_data_parallel({"refused": "AssertionError: duplicate device ids"})
+    status, detail = JP.judge_data_parallel({"refused": "AssertionError: duplicate device ids"})
     assert status == R.NOT_RUN and "duplicate device ids" in detail
 
 
@@ -561,7 +565,7 @@ def test_device_batch_judge_fails_when_the_data_stays_on_the_host_or_the_split_i
     good = {**_run(2, mixed_precision="bf16"), "expected_steps": 2, "expected_global_batch": 32768,
             "global_batch": 32768, "micro_batch": 8192, "accum_steps": 4, "probed_micro_batch": 8192,
             "data_on_device": True}  # fmt: skip
-    _judged(J.judge_device_batch, good, {
+    _judged(JP.judge_device_batch, good, {
         "data on the host": _wrong(good, data_on_device=False),
         "no probe": _wrong(good, probed_micro_batch=None),
         "ignored the probe": _wrong(good, micro_batch=4096, accum_steps=8),
@@ -603,7 +607,7 @@ def test_speedrun_probe_trains_on_cifar_format_files_with_augmentation_after_a_w
 def test_dp_ddp_judge_fails_on_diverged_weights():
     good = {"layout": [True, 1, 2], "dp_vs_ddp": 1e-7}
     _judged(
-        J.judge_dp_ddp, good, {"diverged": _wrong(good, dp_vs_ddp=1e-3), "layout": _wrong(good, layout=[False, 1, 2])}
+        JP.judge_dp_ddp, good, {"diverged": _wrong(good, dp_vs_ddp=1e-3), "layout": _wrong(good, layout=[False, 1, 2])}
     )
 
 
@@ -611,6 +615,6 @@ def test_tensor_diff_refuses_to_compare_different_keys_or_shapes():
     import torch
 
     a = {"module.w": torch.zeros(2), "b": torch.ones(1)}
-    assert J.tensor_diff(a, {"w": torch.zeros(2), "_orig_mod.b": torch.ones(1) * 1.5}) == 0.5  # prefixes ignored
-    assert J.tensor_diff(a, {"w": torch.zeros(2)}) == math.inf
-    assert J.tensor_diff(a, {"w": torch.zeros(3), "b": torch.ones(1)}) == math.inf
+    assert tensor_diff(a, {"w": torch.zeros(2), "_orig_mod.b": torch.ones(1) * 1.5}) == 0.5  # prefixes ignored
+    assert tensor_diff(a, {"w": torch.zeros(2)}) == math.inf
+    assert tensor_diff(a, {"w": torch.zeros(3), "b": torch.ones(1)}) == math.inf

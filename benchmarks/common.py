@@ -1,0 +1,42 @@
+"""Small helpers every part of the benchmark harness shares: medians and ratios that tolerate a missing
+measurement (a failed run reads as ``None``), the tail of a child's output for an error line, reading a child's
+JSON, and the number formats of the reports."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    clean = [v for v in values if v is not None]
+    return statistics.median(clean) if clean else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _tail(text: str, n: int = 1500) -> str:
+    return text[-n:].strip()
+
+
+def _load_json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def _f(value: Any, spec: str = ".1f", none: str = "-") -> str:
+    if value is None:
+        return none
+    return format(value, spec)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _met(met: bool | None) -> str:
+    return {True: "yes", False: "**no**", None: "n/a"}[met]
