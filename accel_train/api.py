@@ -73,8 +73,7 @@ def train(
             raise UserError("train() got both train_dataset and dataset=; pass one of them")
         _register_placeholder()
         values["dataset"] = DATASET_LABEL
-    cfg = TrainConfig(**values).validate()
-    cfg.given = frozenset(values)  # what the caller set: a resume restores the rest from the checkpoint
+    cfg = TrainConfig(**values).validate(given=values)  # what the caller set: a resume restores the rest
     splits = None if train_dataset is None else _splits(train_dataset, eval_dataset, cfg, class_names)
     from accel_train.loop import fit  # heavy imports only once the options are known to be good
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
+from accel_train.checkpoint.branch import abandon_after, newer_checkpoints
 from accel_train.checkpoint.state import (
-    CHECKPOINT_DIR,
     TrainState,
     install_unwrapped_weight_hooks,
     load_checkpoint,
@@ -34,9 +34,10 @@ from accel_train.models import check_model_name, create_model
 from accel_train.optim import build_optimizer, build_scheduler, replan_schedule
 from accel_train.preprocess import describe_training_images
 from accel_train.resume import check_extension
-from accel_train.run_dir import ABANDONED, CONFIG, METRICS, RunDir
+from accel_train.run_dir import ABANDONED, CONFIG, RunDir
 from accel_train.run_plan import warn_about_run
 from accel_train.runtime import Runtime, bf16_cpu_note, check_fsdp_batchnorm, configure_backends
+from accel_train.sync_bn import apply_sync_bn
 from accel_train.tracking import RunLogger, tracker_names
 from accel_train.trainer import Trainer
 
@@ -87,7 +88,7 @@ def build_trainer(
     bf16_note = bf16_cpu_note(acc.mixed_precision, acc.device.type)
     if bf16_note:
         rt.print(f"accel_train: bf16 on CPU: {bf16_note}")
-    logger = RunLogger(acc, run_dir / METRICS, total_steps, state.global_step, cfg.progress, cfg.report_to != "none")
+    logger = RunLogger(acc, run_dir.metrics, total_steps, state.global_step, cfg.progress, cfg.report_to != "none")
     window = Window(acc.device)
     window.restore(state.extra.get("log_window"), acc.is_main_process)
     if resume_path is not None:
@@ -160,8 +161,6 @@ def _prepare(cfg: TrainConfig, rt: Runtime, splits: DataSplits, plan: BatchPlan,
         shape = (info.in_channels, info.image_size, info.image_size)
         plan = fit_device_batch(acc, model, plan, shape, dropout, even=cfg.mixup > 0 or cfg.cutmix > 0)
     if cfg.sync_bn:  # before DDP wrapping, which must see the synchronised layers
-        from accel_train.sync_bn import apply_sync_bn
-
         model = apply_sync_bn(model, rt)
     if backends.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -273,16 +272,16 @@ def _open_run_folder(
 def branch_if_older(cfg: TrainConfig, rt: Runtime, run_dir: RunDir, resume_path: Path, move: bool) -> None:
     """A resume from an older checkpoint: refuse, or with --branch move the newer timeline aside (main)."""
     step = read_progress(resume_path)["state"]["global_step"]
-    newer = run_dir.newer_checkpoints(step, resume_path)
+    newer = newer_checkpoints(run_dir, step, resume_path)
     if not newer:
         return
     if not cfg.branch:
         listed = ", ".join(f"step {s}" for s in newer[:5])
         raise CheckpointError(
-            f"--resume {resume_path} is at step {step}, but {run_dir / CHECKPOINT_DIR} holds newer checkpoints "
+            f"--resume {resume_path} is at step {step}, but {run_dir.checkpoints} holds newer checkpoints "
             f"({listed}) of the timeline you would leave; pass --branch to move them to "
             f"{run_dir / ABANDONED}/ and continue from step {step}, or resume into another --output-dir"
         )
     if move and rt.is_main:
-        dest = run_dir.abandon_after(step, resume_path)
+        dest = abandon_after(run_dir, step, resume_path)
         rt.print(f"accel_train: --branch: moved the checkpoints after step {step} and their metrics to {dest}")

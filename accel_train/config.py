@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -19,17 +19,16 @@ from typing import Any
 from accel_train.accelerate_env import PRECISIONS as MIXED_PRECISION  # --mixed-precision's choices
 from accel_train.data.settings import DATA_FIELDS, DataConfig
 from accel_train.errors import UserError
-from accel_train.flags import PARSERS, ArgumentParser, field_type, same_as
+from accel_train.flags import ATTEMPT, LENGTH, PARSERS, SAFE, ArgumentParser, field_type, is_parsed_text, same_as
 from accel_train.flags import setting as _f
+from accel_train.json_checks import Checker, is_int, shown
 from accel_train.limits import (
-    MAX_CHANNELS,
-    MAX_CLASSES,
     MAX_DIST_TIMEOUT,
-    MAX_IMAGE_SIZE,
     MAX_INT,
     MAX_SYNTHETIC_BYTES,
     SEED_LIMIT,
 )
+from accel_train.schedule import parse_milestones
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("cosine", "constant", "linear", "step")
@@ -48,48 +47,11 @@ REPORT_TO = _TrackerChoices(("tensorboard", "csv", "none", "all"))
 TTA = ("none", "flip")
 
 
-_POSITIVE = (
-    "epochs",
-    "batch_size",
-    "grad_accum_steps",
-    "log_every",
-    "keep_last",
-    "synthetic_size",
-    "synthetic_test_size",
-    "synthetic_channels",
-    "synthetic_image_size",
-)
-_OPTIONAL_POSITIVE = (
-    "max_steps",
-    "global_batch_size",
-    "eval_batch_size",
-    "image_size",
-    "stop_at_step",
-    "threads",
-    "early_stop_patience",
-)
-_NON_NEGATIVE = (
-    "eval_every",
-    "checkpoint_every",
-    "num_workers",
-    "data_on_device",
-    "warmup_steps",
-    "weight_decay",
-    "max_grad_norm",
-    "momentum",
-)
-
-# upper bounds beyond int64 (every other int field must fit one)
-_AT_MOST = {
-    "image_size": MAX_IMAGE_SIZE,
-    "synthetic_image_size": MAX_IMAGE_SIZE,
-    "synthetic_channels": MAX_CHANNELS,
-    "synthetic_classes": MAX_CLASSES,
-}
-
-
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
+    """Every setting of a run, flat (flags and YAML keys); immutable: a resume makes a new one
+    (``resume.reconcile``). Parts of the library get their slice (``data_config()``) or plain values."""
+
     # what to train
     model: str = _f(
         "lenet",
@@ -108,11 +70,13 @@ class TrainConfig:
     crop_padding: int | None = same_as(DataConfig, "crop_padding")
     crop_padding_mode: str = same_as(DataConfig, "crop_padding_mode")
     # optimisation
-    epochs: int = _f(8, "number of epochs (ignored when --max-steps is set)")
-    max_steps: int | None = _f(None, "stop after this many optimizer steps (overrides --epochs)")
-    batch_size: int = _f(32, "micro-batch per process (the DDP convention)")
+    epochs: int = _f(8, "number of epochs (ignored when --max-steps is set)", low=1, resume=LENGTH)
+    max_steps: int | None = _f(None, "stop after this many optimizer steps (overrides --epochs)", low=1, resume=LENGTH)
+    batch_size: int = _f(32, "micro-batch per process (the DDP convention)", low=1)
     global_batch_size: int | None = _f(
-        None, "fix the optimizer batch across setups; micro-batch and accumulation are derived"
+        None,
+        "fix the optimizer batch across setups; micro-batch and accumulation are derived",
+        low=1,
     )
     max_device_batch: int | str | None = _f(
         None,
@@ -120,22 +84,24 @@ class TrainConfig:
         "device memory, probed at start and agreed by all processes; the global batch is kept, accumulation derived",
         parse="int_or_auto",
     )
-    grad_accum_steps: int = _f(1, "gradient accumulation steps (derived when --global-batch-size is set)")
+    grad_accum_steps: int = _f(1, "gradient accumulation steps (derived when --global-batch-size is set)", low=1)
     scale_lr: bool = _f(False, "scale lr linearly: lr * global_batch / batch_size")
     lr: float = _f(2e-3, "peak learning rate")
     optimizer: str = _f("adam", "optimizer", choices=OPTIMIZERS)
-    momentum: float = _f(0.9, "SGD momentum")
+    momentum: float = _f(0.9, "SGD momentum", low=0)
     nesterov: bool = _f(False, "SGD with Nesterov momentum")
-    weight_decay: float = _f(0.0, "weight decay")
+    weight_decay: float = _f(0.0, "weight decay", low=0)
     lr_schedule: str = _f("cosine", "LR schedule over optimizer steps", choices=SCHEDULES)
-    warmup_steps: int = _f(0, "linear LR warm-up steps")
+    warmup_steps: int = _f(0, "linear LR warm-up steps", low=0)
     warmup_from: float = _f(0.0, "LR factor the warm-up starts from, in [0, 1) (airbench: 0.2)")
     lr_milestones: str = _f(
         "0.5,0.75", "--lr-schedule step: fractions of training where the LR is multiplied by --lr-gamma"
     )
     lr_gamma: float = _f(0.1, "--lr-schedule step: LR factor at each milestone")
-    max_grad_norm: float = _f(1.0, "clip gradients to this norm (0 disables)")
-    mixed_precision: str | None = _f(None, "override the accelerate config's mixed precision", choices=MIXED_PRECISION)
+    max_grad_norm: float = _f(1.0, "clip gradients to this norm (0 disables)", low=0)
+    mixed_precision: str | None = _f(
+        None, "override the accelerate config's mixed precision", choices=MIXED_PRECISION, resume=SAFE
+    )
     seed: int = same_as(DataConfig, "seed")
     # training features
     label_smoothing: float = _f(0.0, "label smoothing of the cross-entropy loss, e.g. 0.1 (0: off)")
@@ -151,61 +117,86 @@ class TrainConfig:
         None, "keep an EMA of the weights with this decay, e.g. 0.999: evaluated (eval_ema_*), exported to model_ema/"
     )
     early_stop_patience: int | None = _f(
-        None, "stop after this many evaluations in a row without a better eval_accuracy (unset: off)"
+        None,
+        "stop after this many evaluations in a row without a better eval_accuracy (unset: off)",
+        low=1,
+        resume=SAFE,
     )
-    early_stop_min_delta: float = _f(0.0, "with --early-stop-patience: how much eval_accuracy must improve to count")
+    early_stop_min_delta: float = _f(
+        0.0, "with --early-stop-patience: how much eval_accuracy must improve to count", resume=SAFE
+    )
     # evaluation, logging, output
-    eval_every: int = _f(0, "also evaluate every N optimizer steps (0: only at epoch ends)")
-    eval_batch_size: int | None = _f(None, "evaluation batch per process (default: 2 x micro-batch)")
+    eval_every: int = _f(0, "also evaluate every N optimizer steps (0: only at epoch ends)", low=0, resume=SAFE)
+    eval_batch_size: int | None = _f(
+        None, "evaluation batch per process (default: 2 x micro-batch)", low=1, resume=SAFE
+    )
     tta: str = _f("none", "test-time augmentation: flip averages each image's and its mirror's logits", choices=TTA)
-    log_every: int = _f(10, "log train metrics every N optimizer steps (the only host syncs in the loop)")
-    output_dir: str = _f("runs/default", "run directory")
-    overwrite: bool = _f(False, "replace an existing run in --output-dir")
+    log_every: int = _f(
+        10, "log train metrics every N optimizer steps (the only host syncs in the loop)", low=1, resume=SAFE
+    )
+    output_dir: str = _f("runs/default", "run directory", resume=ATTEMPT)
+    overwrite: bool = _f(False, "replace an existing run in --output-dir", resume=ATTEMPT)
     report_to: str = _f(
         "tensorboard",
         "trackers besides metrics.jsonl (all: tensorboard and csv), or any of accelerate's trackers (mlflow, "
         "wandb, aim, ...: their package installed); several comma-separated, e.g. csv,mlflow",
         choices=REPORT_TO,
+        resume=SAFE,
     )
-    progress: bool = _f(True, "progress bars (plain lines when stdout is not a TTY)")
-    plots: bool = _f(True, "write curves.png at the end")
+    progress: bool = _f(True, "progress bars (plain lines when stdout is not a TTY)", resume=SAFE)
+    plots: bool = _f(True, "write curves.png at the end", resume=SAFE)
     # checkpoints
-    checkpoint_every: int = _f(0, "save a resumable checkpoint every N optimizer steps (0: off)")
-    checkpoint_epochs: bool = _f(True, "save a resumable checkpoint at the end of every epoch")
-    keep_last: int = _f(2, "keep the newest K checkpoints")
-    resume: str = _f("none", "auto (latest in --output-dir), a checkpoint PATH, or none")
+    checkpoint_every: int = _f(0, "save a resumable checkpoint every N optimizer steps (0: off)", low=0, resume=SAFE)
+    checkpoint_epochs: bool = _f(True, "save a resumable checkpoint at the end of every epoch", resume=SAFE)
+    keep_last: int = _f(2, "keep the newest K checkpoints", low=1, resume=SAFE)
+    resume: str = _f("none", "auto (latest in --output-dir), a checkpoint PATH, or none", resume=ATTEMPT)
     branch: bool = _f(
-        False, "with --resume of an older checkpoint: move the newer checkpoints to OUTPUT_DIR/abandoned/ and go on"
+        False,
+        "with --resume of an older checkpoint: move the newer checkpoints to OUTPUT_DIR/abandoned/ and go on",
+        resume=ATTEMPT,
     )
     extend: bool = _f(
-        False, "with --resume: allow a larger --epochs/--max-steps (the LR schedule is re-planned for the new length)"
+        False,
+        "with --resume: allow a larger --epochs/--max-steps (the LR schedule is re-planned for the new length)",
+        resume=ATTEMPT,
     )
     resume_inexact: bool = _f(
-        False, "resume even if a rank's random state is missing or unusable (that rank starts from a fresh seed)"
+        False,
+        "resume even if a rank's random state is missing or unusable (that rank starts from a fresh seed)",
+        resume=ATTEMPT,
     )
-    stop_at_step: int | None = _f(None, "save a checkpoint and exit at this step, as if preempted")
+    stop_at_step: int | None = _f(
+        None, "save a checkpoint and exit at this step, as if preempted", low=1, resume=ATTEMPT
+    )
     # performance
-    num_workers: int = _f(0, "DataLoader workers for datasets that are not held in memory")
-    threads: int | None = _f(None, "torch threads per process (default: cores / local processes)")
+    num_workers: int = _f(0, "DataLoader workers for datasets that are not held in memory", low=0, resume=SAFE)
+    threads: int | None = _f(None, "torch threads per process (default: cores / local processes)", low=1, resume=SAFE)
     channels_last: bool | None = _f(
-        None, "channels_last memory format (default: on for conv models under bf16/fp16 on CUDA)"
+        None,
+        "channels_last memory format (default: on for conv models under bf16/fp16 on CUDA)",
+        resume=SAFE,
     )
-    tf32: bool = _f(True, "TF32 for fp32 matmuls and convolutions on Ampere+ GPUs (--no-tf32: full fp32)")
+    tf32: bool = _f(True, "TF32 for fp32 matmuls and convolutions on Ampere+ GPUs (--no-tf32: full fp32)", resume=SAFE)
     data_on_device: float = _f(
-        0.25, "hold in-memory datasets on the GPU when they fit in this fraction of its memory (0: keep on host)"
+        0.25,
+        "hold in-memory datasets on the GPU when they fit in this fraction of its memory (0: keep on host)",
+        low=0,
+        resume=SAFE,
     )
-    compile: bool = _f(False, "torch.compile the model (checkpoints stay unwrapped)")
+    compile: bool = _f(False, "torch.compile the model (checkpoints stay unwrapped)", resume=SAFE)
     sync_bn: bool = _f(
         False,
         "synchronise BatchNorm statistics across DDP processes (same weights as one process for BatchNorm models; "
         "torch SyncBatchNorm on CUDA, an all-reduce batch norm on CPU/gloo)",
+        resume=SAFE,
     )
     # faults
-    dist_timeout: float = _f(600.0, "process-group timeout in seconds: a hung collective fails after this")
+    dist_timeout: float = _f(600.0, "process-group timeout in seconds: a hung collective fails after this", resume=SAFE)
     stop_grace: float = _f(
         25.0,
         "seconds a rank waits for a step boundary after SIGTERM/SIGINT before it leaves without a new checkpoint "
         "(keep it below your launcher's or scheduler's kill delay; torchrun and Slurm wait about 30 s)",
+        resume=SAFE,
     )
     skip_nonfinite: bool = _f(False, "skip optimizer steps whose loss is NaN/Inf instead of stopping")
     # synthetic dataset shape
@@ -214,25 +205,25 @@ class TrainConfig:
     synthetic_channels: int = same_as(DataConfig, "synthetic_channels")
     synthetic_image_size: int = same_as(DataConfig, "synthetic_image_size")
     synthetic_classes: int = same_as(DataConfig, "synthetic_classes")
-    debug: bool = _f(False, "show tracebacks for errors")
+    debug: bool = _f(False, "show tracebacks for errors", resume=ATTEMPT)
 
-    def validate(self) -> TrainConfig:
-        """Types were checked by the parser or the YAML reader; ranges and combinations are checked here."""
+    def validate(self, given: Iterable[str] | None = None) -> TrainConfig:
+        """Types were checked by the parser or the YAML reader; ranges and combinations are checked here.
+
+        ``given``: the names the user set (flags, YAML keys, ``train()``'s options); a resume restores the others
+        from the checkpoint (``resume.given_fields``). Kept beside the settings, not as one of them."""
         self._check_ranges()
         self._check_choices_and_combinations()
+        if given is not None:
+            object.__setattr__(self, "given", frozenset(given))  # frozen: set once, here
         return self
 
     def _check_ranges(self) -> None:
-        for name in _POSITIVE:
-            if getattr(self, name) < 1:
-                raise UserError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
-        for name in _OPTIONAL_POSITIVE:
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise UserError(f"--{_flag(name)} must be >= 1 (or unset), got {value}")
-        for name in _NON_NEGATIVE:
-            if getattr(self, name) < 0:
-                raise UserError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
+        for f in fields(self):  # the fields' own lower bounds (metadata ``low``)
+            value, low = getattr(self, f.name), f.metadata.get("low")
+            if low is not None and value is not None and value < low:
+                unset = " (or unset)" if f.default is None else ""
+                raise UserError(f"--{_flag(f.name)} must be >= {low}{unset}, got {value}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise UserError(f"--lr must be a positive number, got {self.lr}")
         if not 0 < self.val_split < 1:
@@ -255,9 +246,10 @@ class TrainConfig:
             value, flag = getattr(self, f.name), f"--{_flag(f.name)}"
             if isinstance(value, float) and not math.isfinite(value):
                 raise UserError(f"{flag} must be a finite number, got {value}")
-            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _AT_MOST.get(f.name, MAX_INT):
+            high = f.metadata.get("high", MAX_INT)
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > high:
                 shown = value if abs(value) < 10**30 else f"a {len(str(abs(value)))}-digit number"
-                raise UserError(f"{flag} must be at most {_AT_MOST.get(f.name, MAX_INT):,}, got {shown}")
+                raise UserError(f"{flag} must be at most {high:,}, got {shown}")
             if isinstance(value, str) and (not value or "\x00" in value):
                 raise UserError(f"{flag} needs a non-empty value without NUL bytes, got {value!r:.80}")
         if not 0 <= self.seed < SEED_LIMIT:
@@ -286,8 +278,6 @@ class TrainConfig:
             )
 
     def _check_schedule(self) -> None:
-        from accel_train.schedule import parse_milestones
-
         if not 0.0 <= self.warmup_from < 1.0:
             raise UserError(f"--warmup-from is the LR factor at the first step, in [0, 1), got {self.warmup_from}")
         if not (self.lr_gamma > 0 and math.isfinite(self.lr_gamma)):
@@ -343,6 +333,37 @@ class TrainConfig:
 
     def data_config(self) -> DataConfig:
         return DataConfig(**{name: getattr(self, name) for name in DATA_FIELDS})
+
+
+def check_saved_config(saved: Any, where: str) -> None:
+    """A checkpoint's saved config (``progress.json["config"]``, read by ``--resume``): each known field of its
+    type, then the ranges and choices flags are held to; one :class:`CheckpointError` line naming ``where`` and
+    the field. Unknown fields are ignored (a newer version's); absent ones keep this attempt's values."""
+    check = Checker(where, "the checkpoint is damaged: resume from another checkpoint or start a new --output-dir")
+    if not isinstance(saved, dict):
+        check.fail("config", f"must be a JSON object, got {shown(saved)}")
+    known = {}
+    for f in fields(TrainConfig):
+        if f.name not in saved:
+            continue
+        value, typ = saved[f.name], field_type(f)
+        ok = (value is None and "None" in str(f.type)) or (
+            isinstance(value, typ) and (typ is bool or not isinstance(value, bool))
+        )
+        ok = ok or is_parsed_text(f, value) or (typ is float and is_int(value))  # max_device_batch: auto
+        if not ok:
+            check.fail(f"config.{f.name}", f"must be {typ.__name__}, got {shown(value)}")
+        known[f.name] = value
+    try:
+        cfg = TrainConfig(**known)
+        cfg._check_ranges()
+        from accel_train.tracking import tracker_names  # accelerate's tracker list: imported only for a resume
+
+        tracker_names(cfg.report_to)  # known names; whether their packages are installed matters only to a run
+        cfg._check_choices()
+        _check_names(cfg.model, cfg.dataset)
+    except UserError as exc:
+        check.fail("config", f"is invalid ({exc})")
 
 
 def _check_names(model: str, dataset: str) -> None:
@@ -408,9 +429,7 @@ def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
 
         values.update(load_yaml_config(config_file, TrainConfig))
     values.update(ns)
-    cfg = TrainConfig(**values).validate()
-    cfg.given = frozenset(values)  # what the user set: a resume restores the rest from the checkpoint
-    return cfg
+    return TrainConfig(**values).validate(given=values)  # what the user set: a resume restores the rest
 
 
 def save_config(cfg: TrainConfig, path: str | Path, extra: dict[str, Any] | None = None) -> None:

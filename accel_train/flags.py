@@ -23,9 +23,17 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UserError(f"{message} (see --help)")
 
 
+#: What a ``--resume`` may do with a field (metadata ``resume``; ``resume.py`` applies it). Unmarked fields are
+#: the experiment: a resume refuses a different value.
+ATTEMPT = "attempt"  # how this attempt runs: never restored (--output-dir, --resume, --stop-at-step, ...)
+SAFE = "safe"  # how a run is watched, saved or computed, not what it learns: a given value takes effect
+LENGTH = "length"  # --epochs/--max-steps: only --extend may change them
+
+
 def setting(default: Any, help: str, **meta: Any) -> Any:
-    """A dataclass field that is a flag and a YAML key: ``default``, ``help`` text, metadata (``choices``,
-    ``parse``)."""
+    """A dataclass field that is a flag and a YAML key: ``default``, ``help`` text, metadata: ``choices``,
+    ``parse`` (a text parser of :data:`PARSERS`), ``low``/``high`` (bounds a set value is held to; ``high``
+    defaults to what an int64 holds), ``resume`` (:data:`ATTEMPT`, :data:`SAFE` or :data:`LENGTH`)."""
     return field(default=default, metadata={"help": help, **meta})
 
 

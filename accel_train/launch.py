@@ -11,6 +11,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from accel_train.run_dir import METRICS
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "accelerate_configs"
 _LAUNCHER_VARS = ("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "TORCHELASTIC_")
@@ -61,7 +63,7 @@ def wait_for_step(run_dir: str | os.PathLike, step: int, proc, timeout: float = 
     import json
     import time
 
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / METRICS
     deadline = time.time() + timeout
     while time.time() < deadline and proc.poll() is None:
         try:

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from accel_train.checkpoint.state import read_progress, resolve_resume
-from accel_train.config import TrainConfig
+from accel_train.checkpoint.verify import PROGRESS_FILE
+from accel_train.config import TrainConfig, check_saved_config
 from accel_train.resume import finished_note, reconcile
-from accel_train.run_dir import MLRUNS, SUMMARY, RunDir
+from accel_train.run_dir import SUMMARY, RunDir
 
 if TYPE_CHECKING:
     from torch import nn
@@ -51,7 +52,7 @@ def fit(cfg: TrainConfig, *, model: nn.Module | None = None, splits: DataSplits 
 def _fit(cfg: TrainConfig, run_dir: RunDir, t_launch: float, model, splits) -> dict[str, Any]:
     # resolved once (--resume auto scans the checkpoints): the config is restored before the runtime (precision,
     # threads, compile), the checkpoint loaded by build_trainer
-    resume_path, changes, finished = _restore_resumed_config(cfg, run_dir)
+    cfg, resume_path, changes, finished = _restore_resumed_config(cfg, run_dir)
     if finished:
         if os.environ.get("RANK", "0") == "0":
             print(finished, flush=True)
@@ -62,7 +63,7 @@ def _fit(cfg: TrainConfig, run_dir: RunDir, t_launch: float, model, splits) -> d
     from accel_train.runtime import build_runtime
     from accel_train.tracking import trackers_for
 
-    rt = build_runtime(cfg, log_with=trackers_for(cfg.report_to, cfg.output_dir, run_dir / MLRUNS) or None)
+    rt = build_runtime(cfg, log_with=trackers_for(cfg.report_to, run_dir) or None, project_dir=run_dir.path)
     try:
         return build_trainer(cfg, rt, run_dir, resume_path, changes, model=model, splits=splits).fit(t_launch)
     except BaseException:
@@ -76,22 +77,25 @@ def _fit(cfg: TrainConfig, run_dir: RunDir, t_launch: float, model, splits) -> d
         raise
 
 
-def _restore_resumed_config(cfg: TrainConfig, run_dir: RunDir) -> tuple[Path | None, dict[str, Any], str | None]:
-    """With --resume: ``cfg`` becomes the saved run's config plus allowed changes (see ``resume.py``).
+def _restore_resumed_config(
+    cfg: TrainConfig, run_dir: RunDir
+) -> tuple[TrainConfig, Path | None, dict[str, Any], str | None]:
+    """With --resume: the saved run's config plus the allowed changes of ``cfg`` (see ``resume.py``).
 
-    Returns the checkpoint to resume from (None without --resume), the changes (for the ``resume`` event)
-    and, for a run that already finished and is not extended, the line that says so (nothing is then loaded
-    or written).
+    Returns that config (``cfg`` itself without --resume), the checkpoint to resume from (None without
+    --resume), the changes (for the ``resume`` event) and, for a run that already finished and is not
+    extended, the line that says so (nothing is then loaded or written).
     """
-    path = resolve_resume(cfg.resume, cfg.output_dir)
+    path = resolve_resume(cfg.resume, run_dir)
     if path is None:
-        return None, {}, None
+        return cfg, None, {}, None
     progress = read_progress(path)
     saved, resolved = progress.get("config"), progress.get("resolved")
     if not isinstance(saved, dict) or not isinstance(resolved, dict):
-        return path, {}, None  # checkpoints of early versions: nothing to restore from
-    changes = reconcile(cfg, saved, resolved)
+        return cfg, path, {}, None  # checkpoints of early versions: nothing to restore from
+    check_saved_config(saved, str(path / PROGRESS_FILE))
+    cfg, changes = reconcile(cfg, saved, resolved)
     done = progress.get("state", {}).get("global_step")
     if cfg.extend or not (run_dir / SUMMARY).is_file() or not isinstance(done, int):
-        return path, changes, None
-    return path, changes, finished_note(cfg.output_dir, done, resolved.get("total_steps"))
+        return cfg, path, changes, None
+    return cfg, path, changes, finished_note(run_dir.path, done, resolved.get("total_steps"))

@@ -23,46 +23,25 @@ never at an LR of 0.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import fields
 from typing import Any
 
 from accel_train.config import TrainConfig
 from accel_train.errors import UserError
+from accel_train.flags import ATTEMPT
+from accel_train.flags import LENGTH as LENGTH_KIND
+from accel_train.flags import SAFE as SAFE_KIND
+from accel_train.run_dir import SUMMARY
 
-PER_ATTEMPT = frozenset(
-    {"resume", "output_dir", "overwrite", "stop_at_step", "branch", "resume_inexact", "extend", "debug"}
-)
-SAFE = frozenset(
-    {
-        "log_every",
-        "eval_every",
-        "eval_batch_size",
-        "checkpoint_every",
-        "checkpoint_epochs",
-        "keep_last",
-        "report_to",
-        "progress",
-        "plots",
-        "threads",
-        "num_workers",
-        "data_dir",
-        "download",
-        "dist_timeout",
-        "stop_grace",
-        "mixed_precision",
-        "compile",
-        "channels_last",
-        "sync_bn",
-        # where the data lives and how the GPU does fp32 math: speed, not what is learned (tf32 rounds
-        # matmul inputs, like mixed_precision, which may change too)
-        "tf32",
-        "data_on_device",
-        # when the run stops, not what a step learns (like --eval-every, which also decides when it is evaluated)
-        "early_stop_patience",
-        "early_stop_min_delta",
-    }
-)
-LENGTH = frozenset({"epochs", "max_steps"})
+
+def _marked(kind: str) -> frozenset[str]:
+    return frozenset(f.name for f in fields(TrainConfig) if f.metadata.get("resume") == kind)
+
+
+# Each field says which kind it is, where it is declared (metadata ``resume``, see ``flags.ATTEMPT``)
+PER_ATTEMPT, SAFE, LENGTH = _marked(ATTEMPT), _marked(SAFE_KIND), _marked(LENGTH_KIND)
 BATCH = ("batch_size", "global_batch_size", "grad_accum_steps", "max_device_batch")
 
 
@@ -76,14 +55,17 @@ def given_fields(cfg: TrainConfig) -> frozenset[str]:
     return frozenset(f.name for f in fields(TrainConfig)) if given is None else frozenset(given)
 
 
-def reconcile(cfg: TrainConfig, saved: dict[str, Any], resolved: dict[str, Any]) -> dict[str, list[Any]]:
-    """Make ``cfg`` the saved run's config plus the allowed changes (in place); returns ``{field: [old, new]}``.
+def reconcile(
+    cfg: TrainConfig, saved: dict[str, Any], resolved: dict[str, Any]
+) -> tuple[TrainConfig, dict[str, list[Any]]]:
+    """The saved run's config plus the allowed changes of ``cfg``, and those changes (``{field: [old, new]}``).
 
     ``saved`` is the run's config from its checkpoint, ``resolved`` what it resolved to (global batch).
     Raises ``UserError`` for a change to the experiment, or a length change without ``--extend``.
     """
     given = given_fields(cfg)
     changes: dict[str, list[Any]] = {}
+    restored: dict[str, Any] = {}
     refused: list[str] = []
     for f in fields(TrainConfig):
         name = f.name
@@ -91,7 +73,7 @@ def reconcile(cfg: TrainConfig, saved: dict[str, Any], resolved: dict[str, Any])
             continue  # a field newer than the checkpoint keeps this attempt's value
         old, new = saved[name], getattr(cfg, name)
         if name not in given:
-            setattr(cfg, name, old)
+            restored[name] = old
         elif new != old:
             if name in SAFE or (name in LENGTH and cfg.extend):
                 changes[name] = [old, new]
@@ -99,8 +81,8 @@ def reconcile(cfg: TrainConfig, saved: dict[str, Any], resolved: dict[str, Any])
                 refused.append(name)
     if refused:
         raise UserError(_refusal(refused, saved))
-    _keep_global_batch(cfg, given, resolved)
-    return changes
+    restored.update(_keep_global_batch(cfg.max_device_batch, given, resolved))
+    return dataclasses.replace(cfg, **restored), changes
 
 
 def _refusal(names: list[str], saved: dict[str, Any]) -> str:
@@ -116,14 +98,14 @@ def _refusal(names: list[str], saved: dict[str, Any]) -> str:
     )
 
 
-def _keep_global_batch(cfg: TrainConfig, given: frozenset[str], resolved: dict[str, Any]) -> None:
-    """Same optimizer batch on any number of processes: a resume without batch flags keeps the saved global batch."""
+def _keep_global_batch(cap: int | str | None, given: frozenset[str], resolved: dict[str, Any]) -> dict[str, Any]:
+    """Same optimizer batch on any number of processes: a resume without batch flags keeps the saved global batch
+    (the batch fields to set; ``cap``: this attempt's --max-device-batch)."""
     global_batch, micro = resolved.get("global_batch"), resolved.get("micro_batch")
     if not isinstance(global_batch, int) or any(name in given for name in BATCH):
-        return
-    cfg.global_batch_size = global_batch
-    cfg.grad_accum_steps = 1
-    cfg.max_device_batch = cfg.max_device_batch or (micro if isinstance(micro, int) else None)
+        return {}
+    cap = cap or (micro if isinstance(micro, int) else None)
+    return {"global_batch_size": global_batch, "grad_accum_steps": 1, "max_device_batch": cap}
 
 
 def check_extension(cfg: TrainConfig, done_steps: int, total_steps: int) -> None:
@@ -136,11 +118,11 @@ def check_extension(cfg: TrainConfig, done_steps: int, total_steps: int) -> None
         )
 
 
-def finished_note(output_dir: str, done_steps: int, planned_steps: Any) -> str | None:
+def finished_note(run_folder: str | os.PathLike, done_steps: int, planned_steps: Any) -> str | None:
     """The line for a resume of a run that has already trained all its planned steps (None otherwise)."""
     if not isinstance(planned_steps, int) or done_steps < planned_steps:
         return None
     return (
-        f"accel_train: the run in {output_dir} already finished ({done_steps} of {planned_steps} steps; see its "
-        "summary.json); nothing to do. To train it longer pass --extend with a larger --epochs or --max-steps"
+        f"accel_train: the run in {run_folder} already finished ({done_steps} of {planned_steps} steps; see its "
+        f"{SUMMARY}); nothing to do. To train it longer pass --extend with a larger --epochs or --max-steps"
     )

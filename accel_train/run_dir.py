@@ -19,7 +19,8 @@
   staged a run ever restores it: a run refused by the lock touches nothing;
 * **branching**: resuming from an older checkpoint moves the newer checkpoints, and
   everything else that describes the abandoned timeline (metrics after the branch
-  point, summary, exports, confusion matrix, plots, TensorBoard), to ``abandoned/``;
+  point, summary, exports, confusion matrix, plots, TensorBoard), to ``abandoned/``
+  (``checkpoint/branch.py`` decides what; :meth:`RunDir.set_aside` moves it);
 * **restarts**: a run that starts over in a folder whose earlier attempt saved no
   checkpoint (``--resume auto``) moves that attempt's records to ``abandoned/`` too,
   so no step is ever logged twice;
@@ -31,18 +32,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import time
 from pathlib import Path
 
-from accel_train.checkpoint.state import CHECKPOINT_DIR, list_checkpoints
 from accel_train.errors import UserError
-from accel_train.fsio import WRITE_GUARD, real_path, writing
+from accel_train.fsio import WRITE_GUARD, atomic_write, real_path, writing
 from accel_train.limits import file_kind
 from accel_train.run_lock import LOCK, RunLock, pid_alive
 
-__all__ = ["LOCK", "MARKER", "OUTPUTS", "RunDir", "RunLock", "pid_alive"]
+__all__ = ["CHECKPOINT_DIR", "LOCK", "MARKER", "METRICS", "OUTPUTS", "TMP_PREFIX", "RunDir", "RunLock", "pid_alive"]
 
 MARKER = ".accel_train_run"
 REPLACED = ".replaced"  # the previous run, while its --overwrite has not saved a checkpoint
@@ -52,6 +53,12 @@ RESTORING = ".restoring"  # the failed new run being removed, before the previou
 RETURNING = ".returning"  # the previous run moving back from .replaced/
 ABANDONED = "abandoned"
 CONFIG = "config.yaml"
+CHECKPOINT_DIR = "checkpoints"
+TMP_PREFIX = ".tmp-"  # a checkpoint being saved: checkpoints/.tmp-step_XXXXXXXX, renamed into place when complete
+#: The only folder names a run gives its checkpoints (``step_`` + 8 digits, and the ``.tmp-`` form while a save
+#: is under way). Resume, retention and ``--branch`` see nothing else in ``checkpoints/``: a user's renamed copy
+#: or own folder there is never resumed from, moved or deleted.
+_OWN_CHECKPOINT = re.compile(r"step_\d{8,}")
 METRICS = "metrics.jsonl"
 METRICS_CSV = "metrics.csv"
 SUMMARY = "summary.json"
@@ -89,11 +96,13 @@ TIMELINE = (SUMMARY, METRICS_CSV, MODEL, MODEL_EMA, CURVES, CONFUSION_JSON, CONF
 _FOLDERS = {CHECKPOINT_DIR, MODEL, MODEL_EMA, BEST, TENSORBOARD, ABANDONED, *TRACKER_FOLDERS}
 
 
-def _logged_after(line: str, step: int) -> bool:
-    try:
-        return int(json.loads(line).get("step", 0)) > step
-    except (ValueError, TypeError, AttributeError):
-        return False
+def checkpoint_name(global_step: int) -> str:
+    """The folder name of the checkpoint saved after ``global_step`` optimizer steps."""
+    return f"step_{global_step:08d}"
+
+
+def is_own_checkpoint_name(name: str) -> bool:
+    return _OWN_CHECKPOINT.fullmatch(name) is not None
 
 
 def _kind_problem(path: Path, folder: bool) -> str | None:
@@ -132,8 +141,37 @@ class RunDir:
         self.lock = RunLock(self.path)
         self.staged = False  # this process holds the previous run in .replaced/ and may put it back
 
+    @classmethod
+    def of(cls, run: RunDir | str | os.PathLike) -> RunDir:
+        """``run`` itself, or the run folder at that path."""
+        return run if isinstance(run, RunDir) else cls(run)
+
     def __truediv__(self, name: str) -> Path:
         return self.path / name
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINT_DIR
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / METRICS
+
+    def checkpoint_folders(self) -> list[Path]:
+        """The run's own checkpoint folders (by name, oldest first), never a ``.tmp-`` save, a link or a foreign
+        folder. A save renames its folder into place only once it is complete, so each one was saved whole;
+        whether its files are still readable is ``checkpoint.state``'s question."""
+        root = self.checkpoints
+        if not root.is_dir():
+            return []
+        found = [p for p in root.iterdir() if is_own_checkpoint_name(p.name) and not p.is_symlink() and p.is_dir()]
+        return sorted(found, key=lambda p: p.name)
+
+    def has_checkpoint(self) -> bool:
+        return bool(self.checkpoint_folders())
 
     # ---- what is there -------------------------------------------------------------------------------------
     def outputs_present(self) -> list[str]:
@@ -142,7 +180,7 @@ class RunDir:
 
     def holds_run(self) -> bool:
         """Written by accel_train: our marker, a checkpoint with progress, a staged run, or our metrics log."""
-        if (self.path / MARKER).exists() or (self.path / REPLACED).is_dir() or list_checkpoints(self.path):
+        if (self.path / MARKER).exists() or (self.path / REPLACED).is_dir() or self.has_checkpoint():
             return True
         metrics = self.path / METRICS
         if _kind_problem(metrics, folder=False) is not None:
@@ -155,7 +193,7 @@ class RunDir:
 
     def interrupted_replace(self) -> bool:
         """An --overwrite was stopped before its first checkpoint: the run it replaces waits in .replaced/."""
-        return (self.path / REPLACED).is_dir() and not list_checkpoints(self.path)
+        return (self.path / REPLACED).is_dir() and not self.has_checkpoint()
 
     def _journal(self) -> list[str]:
         return [n for n in (STAGING, RESTORING, RETURNING, DISCARD) if os.path.lexists(self.path / n)]
@@ -224,7 +262,7 @@ class RunDir:
     def recover_if_interrupted(self) -> list[str]:
         """Main process, before the folder is judged: a replacement a killed run left half-done is finished or
         undone now, under the lock (kept for the run). Returns notes to print; nothing to do takes no lock."""
-        committed = (self / REPLACED).is_dir() and list_checkpoints(self.path)
+        committed = (self / REPLACED).is_dir() and self.has_checkpoint()
         if not self.path.is_dir() or not (self._journal() or committed):
             return []
         if self.lock.fd is None:
@@ -244,7 +282,7 @@ class RunDir:
             if (p / RETURNING).is_dir():  # ... or while the previous run was moving back
                 _move_all(p / RETURNING, p)
                 notes.append(f"an interrupted restore of the run in {p} is finished: the previous run is back")
-            if (p / REPLACED).is_dir() and list_checkpoints(p):  # the replacement saved a checkpoint: it stays
+            if (p / REPLACED).is_dir() and self.has_checkpoint():  # the replacement saved a checkpoint: it stays
                 os.replace(p / REPLACED, p / DISCARD)
             if os.path.lexists(p / DISCARD):
                 shutil.rmtree(p / DISCARD, ignore_errors=True)
@@ -278,7 +316,7 @@ class RunDir:
                     f"--overwrite: the previous run is kept in {self.path / REPLACED} until this one saves its "
                     "first checkpoint"
                 )
-            elif restart and self._set_aside(self.path / METRICS, "restart", extra=(BEST, CONFIG, *TRACKER_FOLDERS)):
+            elif restart and self.set_aside(self.path / METRICS, "restart", extra=(BEST, CONFIG, *TRACKER_FOLDERS)):
                 notes.append(
                     f"no checkpoint to resume from in {self.path}: starting over; the earlier attempt's records "
                     f"are in {self.path / ABANDONED}/"
@@ -324,8 +362,8 @@ class RunDir:
             self.staged = False
         return True
 
-    # ---- branches and restarts -----------------------------------------------------------------------------
-    def _set_aside(self, log: Path, why: str, extra: tuple[str, ...] = (), keep_log: str | None = None) -> Path | None:
+    # ---- branches (checkpoint/branch.py) and restarts --------------------------------------------------------
+    def set_aside(self, log: Path, why: str, extra: tuple[str, ...] = (), keep_log: str | None = None) -> Path | None:
         """Move what describes an abandoned timeline (``TIMELINE`` + ``extra``) and its metrics log into
         ``abandoned/<time>-<why>/``; ``keep_log``: the lines the kept timeline keeps (else the log moves).
         Returns the folder, or None when there was nothing to move and nothing is kept."""
@@ -343,47 +381,5 @@ class RunDir:
             os.replace(log, dest / METRICS)
         elif log.is_file():
             shutil.copy2(log, dest / METRICS)  # the abandoned timeline's full log
-            from accel_train.fsio import atomic_write
-
             atomic_write(log, lambda tmp: Path(tmp).write_text(keep_log), "the metrics log")
         return dest
-
-    def abandon_after(self, step: int, keep: Path) -> Path | None:
-        """--branch: move checkpoints after ``step`` (except ``keep``), the metrics logged after it and everything
-        else that describes the abandoned timeline to ``abandoned/``."""
-        newer = [p for s, p in list_checkpoints(self.path) if s >= step and p.resolve() != keep.resolve()]
-        if not newer:
-            return None
-        metrics = self.path / METRICS
-        lines = metrics.read_text().splitlines(keepends=True) if metrics.is_file() else []
-        kept = "".join(line for line in lines if not _logged_after(line, step))
-        best = (BEST,) if _best_written_after(lines, step, keep) else ()
-        dest = self._set_aside(metrics, f"after-step_{step}", extra=(CONFIG, *best), keep_log=kept)
-        assert dest is not None  # keep_log given: always made
-        (dest / CHECKPOINT_DIR).mkdir()
-        for p in newer:
-            os.replace(p, dest / CHECKPOINT_DIR / p.name)
-        return dest
-
-    def newer_checkpoints(self, step: int, keep: Path) -> list[int]:
-        return [s for s, p in list_checkpoints(self.path) if s >= step and p.resolve() != keep.resolve()]
-
-
-def _best_written_after(lines: list[str], step: int, keep: Path) -> bool:
-    """Whether ``best/`` was rewritten after ``step``: an eval logged after it beat the best the checkpoint at
-    ``step`` knew (or the log cannot tell)."""
-    from accel_train.checkpoint.state import read_progress
-
-    if not lines:
-        return True
-    best = read_progress(keep)["state"].get("best_metric")
-    for line in lines:
-        try:
-            record = json.loads(line)
-            if record.get("event") == "eval" and int(record["step"]) > step:
-                acc = float(record["eval_accuracy"])
-                if best is None or acc > best:
-                    return True
-        except (ValueError, TypeError, KeyError, AttributeError):
-            continue
-    return False

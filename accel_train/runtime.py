@@ -21,20 +21,30 @@ import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn as nn
 
-from accel_train.elastic import launched_world_size
+from accel_train.accelerate_env import check_accelerate_env
+from accel_train.elastic import launched_world_size, relaunch_as_ranks
 from accel_train.errors import LaunchError
+from accel_train.fsio import WRITE_GUARD
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
-    from accel_train.config import TrainConfig
-
 log = logging.getLogger("accel_train")
+
+
+class RuntimeSettings(Protocol):
+    """What :func:`build_runtime` reads beyond the launcher's environment (``TrainConfig`` has these fields;
+    the runtime never sees the rest of the config)."""
+
+    mixed_precision: str | None
+    threads: int | None
+    dist_timeout: float
+    compile: bool
 
 
 def check_launch(env: dict[str, str] | os._Environ = os.environ) -> None:
@@ -355,13 +365,14 @@ def _forget_the_previous_run() -> None:
     GradientState._reset_state()
 
 
-def build_runtime(cfg: TrainConfig, log_with: list | None = None) -> Runtime:
-    """Build THE Accelerator for this process from the launcher's environment and ``cfg``."""
+def build_runtime(
+    cfg: RuntimeSettings, log_with: list | None = None, project_dir: str | os.PathLike | None = None
+) -> Runtime:
+    """Build THE Accelerator for this process from the launcher's environment and ``cfg``.
+
+    ``project_dir``: the run folder (trackers write there); ``log_with``: ``tracking.trackers_for``'s list."""
     from accelerate import Accelerator, DataLoaderConfiguration, InitProcessGroupKwargs
     from accelerate.utils import ProjectConfiguration, TorchDynamoPlugin
-
-    from accel_train.accelerate_env import check_accelerate_env
-    from accel_train.elastic import relaunch_as_ranks
 
     env_precision = check_accelerate_env()  # one line for a value accelerate would misread or fail on
     _cache_per_step_package_lookups()
@@ -380,7 +391,7 @@ def build_runtime(cfg: TrainConfig, log_with: list | None = None) -> Runtime:
         mixed_precision=cfg.mixed_precision or env_precision,  # explicit: accelerate reads the variable unchecked
         gradient_accumulation_steps=1,  # set by the loop once the batch plan is known
         log_with=log_with,
-        project_config=ProjectConfiguration(project_dir=cfg.output_dir, logging_dir=cfg.output_dir),
+        project_config=ProjectConfiguration(project_dir=project_dir, logging_dir=project_dir),
         # Our sampler shuffles from (seed, epoch); accelerate only shards its batches.
         # non_blocking: pinned host batches are copied to the GPU without waiting for the previous step
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=False, even_batches=True, non_blocking=True),
@@ -416,8 +427,6 @@ def watch_launcher(env: dict[str, str] | os._Environ = os.environ, poll_s: float
     if "TORCHELASTIC_RUN_ID" not in env:
         return False
     import threading
-
-    from accel_train.fsio import WRITE_GUARD
 
     launcher = os.getppid()
 

@@ -19,6 +19,7 @@ from accelerate.tracking import GeneralTracker, MLflowTracker, on_main_process
 
 from accel_train.errors import UserError
 from accel_train.fsio import append_line
+from accel_train.run_dir import METRICS_CSV, MLRUNS, RunDir
 
 PROJECT = "accel_train"  # the project/experiment name trackers file a run under
 ALL_TRACKERS = ("tensorboard", "csv")  # --report-to all: the two that need no account and no extra package
@@ -34,7 +35,7 @@ class CSVTracker(GeneralTracker):
     def __init__(self, run_name: str, logging_dir: str | os.PathLike):
         super().__init__()
         self.run_name = run_name
-        self.path = Path(logging_dir) / "metrics.csv"
+        self.path = Path(logging_dir) / METRICS_CSV
         self._fields: list[str] = []
         self._rows: list[dict[str, Any]] = []
 
@@ -119,15 +120,15 @@ def check_installed(names: list[str]) -> None:
             raise UserError(f"--report-to {name} needs the {package} package: pip install {package} (or drop {name})")
 
 
-def trackers_for(report_to: str, output_dir: str | os.PathLike, mlruns: str | os.PathLike) -> list:
+def trackers_for(report_to: str, run: RunDir) -> list:
     """``Accelerator(log_with=...)`` for ``--report-to``, checked (names, packages) before the run starts.
 
-    TensorBoard goes by name (accelerate writes it to ``<output_dir>/tb``); the others are built here, so
-    that they file the run under :data:`PROJECT` and keep their local files in the run folder (``mlruns``:
-    MLflow's store there, named by the run folder's owner, ``run_dir``)."""
+    TensorBoard goes by name (accelerate writes it to the run folder's ``tb/``); the others are built here, so
+    that they file the run under :data:`PROJECT` and keep their local files in the run folder (MLflow's store
+    in ``mlruns/``: the run folder names them all)."""
     names = tracker_names(report_to)
     check_installed(names)
-    return [_tracker(name, Path(output_dir), Path(mlruns)) for name in names]
+    return [_tracker(name, run.path, run / MLRUNS) for name in names]
 
 
 def _tracker(name: str, run_dir: Path, mlruns: Path):

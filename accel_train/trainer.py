@@ -20,7 +20,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from accel_train.checkpoint.state import CHECKPOINT_DIR, TrainState, save_checkpoint
+from accel_train.checkpoint.state import TrainState, save_checkpoint
+from accel_train.checkpoint.weights import export_weights
 from accel_train.config import TrainConfig
 from accel_train.data.base import DatasetInfo
 from accel_train.data.pipeline import BatchNormalizer, BatchPlan
@@ -105,6 +106,9 @@ class Trainer:
     exit_code: int = 0  # of a stop: 128 + the signal that stopped the run (any rank's), 0 for --stop-at-step
     _watchdog: list[threading.Timer] = field(default_factory=list)
     _fp16_skips: torch.Tensor | None = None  # the scaler's skipped steps not yet read back (a device tensor)
+    _nonfinite: torch.Tensor | None = None  # --skip-nonfinite: non-finite losses of the open optimizer step
+    _t_prev: float | None = None  # when the last micro-batch was done (host clock): the step timer's origin
+    _last_log: tuple[float, int] = (0.0, 0)  # (time, samples seen) of the last train record: its throughput
 
     @property
     def acc(self):
@@ -180,7 +184,7 @@ class Trainer:
 
     def _wait_for_device(self) -> None:
         """Steps queued on a GPU since the last host sync belong in the throughput: wait for them."""
-        if self.acc.device.type == "cuda" and hasattr(self, "_t_prev"):
+        if self.acc.device.type == "cuda" and self._t_prev is not None:
             torch.cuda.synchronize(self.acc.device)
             now = time.perf_counter()
             if self.timer.samples:
@@ -200,41 +204,63 @@ class Trainer:
 
     def train_epoch(self) -> None:
         """Train until the epoch ends or ``total_steps`` is reached."""
-        cfg, acc, model, state = self.cfg, self.acc, self.model, self.state
+        state = self.state
         self.train_dl.set_epoch(state.epoch)
         loader = self.train_dl
         if state.step_in_epoch:  # mid-epoch resume: skip what this epoch already consumed
-            loader = acc.skip_first_batches(self.train_dl, state.step_in_epoch * self.plan.accum_steps)
+            loader = self.acc.skip_first_batches(self.train_dl, state.step_in_epoch * self.plan.accum_steps)
             loader.set_epoch(state.epoch)
-        model.train()
-        bad = torch.zeros((), device=acc.device)
+        self.model.train()
+        self._nonfinite = torch.zeros((), device=self.acc.device)
         self._last_log = (time.perf_counter(), state.samples_seen)
         self._t_prev = time.perf_counter()
         for images, labels, indices in loader:
-            t_data = time.perf_counter()
-            with acc.accumulate(model):
-                # loss with --label-smoothing, --mixup/--cutmix; dropout masks keyed on the samples' indices
-                logits, loss = self.features.forward(model, self.normalizer(images), labels, indices, state.epoch)
-                acc.backward(loss)
-                skip = False
-                if cfg.skip_nonfinite:  # opt-in: one small all-reduce per optimizer step
-                    bad += (~torch.isfinite(loss.detach())).float()
-                    if acc.sync_gradients:
-                        skip = acc.reduce(bad, reduction="sum").item() > 0
-                        bad.zero_()
-                if acc.sync_gradients and cfg.max_grad_norm > 0 and not skip:
-                    acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                if not skip:
-                    self._scaled_step()
-                self.optimizer.zero_grad(set_to_none=True)
-            self.window.add(loss, logits, labels, finite_only=cfg.skip_nonfinite)
-            if not acc.sync_gradients:
-                self._account(t_data, optimizer_step=False)
-                continue
-            self._after_optimizer_step(skip, t_data)
-            if state.global_step >= self.total_steps:
+            if self.step(images, labels, indices) and state.global_step >= self.total_steps:
                 break
         self._wait_for_device()  # before the epoch-end evaluation, which is not training time
+
+    def step(self, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor) -> bool:
+        """One micro-batch, top to bottom; True when it completed an optimizer step.
+
+        Forward and loss (with --label-smoothing, --mixup/--cutmix; dropout masks keyed on the samples'
+        indices), backward, and on the last micro-batch of an optimizer step: the --skip-nonfinite vote,
+        clipping, the optimizer, the LR schedule and the EMA, then logging, evaluation, checkpoint and the
+        stop vote (:meth:`_after_optimizer_step`). A step skipped for a non-finite loss leaves the schedule
+        and the EMA where they were, and is counted. A step the fp16 loss scaler skips (inf/NaN gradients, a
+        few while the scale settles) advances them, as in PyTorch's AMP recipe: knowing it on the host would
+        cost a GPU sync every step. It is counted on the device (:meth:`_scaled_step`).
+        """
+        cfg, acc, model, state = self.cfg, self.acc, self.model, self.state
+        t_data = time.perf_counter()
+        with acc.accumulate(model):
+            logits, loss = self.features.forward(model, self.normalizer(images), labels, indices, state.epoch)
+            acc.backward(loss)
+            skip = False
+            if cfg.skip_nonfinite:  # opt-in: one small all-reduce per optimizer step
+                self._nonfinite += (~torch.isfinite(loss.detach())).float()
+                if acc.sync_gradients:
+                    skip = acc.reduce(self._nonfinite, reduction="sum").item() > 0
+                    self._nonfinite.zero_()
+            if acc.sync_gradients and cfg.max_grad_norm > 0 and not skip:
+                acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            if not skip:
+                self._scaled_step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.window.add(loss, logits, labels, finite_only=cfg.skip_nonfinite)
+        if not acc.sync_gradients:  # a micro-batch of an accumulated step
+            self._account(t_data, optimizer_step=False)
+            return False
+        if skip:
+            state.nonfinite_skipped += 1
+        else:
+            self.scheduler.step()
+            self.features.after_optimizer_step()  # --ema
+        state.global_step += 1
+        state.step_in_epoch += 1
+        state.samples_seen += self.plan.global_batch
+        self.logger.advance()
+        self._after_optimizer_step(t_data)
+        return True
 
     def _scaled_step(self) -> None:
         """``optimizer.step()``; under an fp16 loss scaler, counts a skipped update on the device.
@@ -261,24 +287,9 @@ class Trainer:
             self.state.fp16_skipped_steps += int(self._fp16_skips.item())
             self._fp16_skips = None
 
-    def _after_optimizer_step(self, skipped: bool, t_data: float) -> None:
-        """Step accounting, logging, evaluation, checkpoint and the stop vote after one optimizer step.
-
-        A step skipped for a non-finite loss (--skip-nonfinite) leaves the LR schedule and the EMA
-        where they were, and is counted. A step the fp16 loss scaler skips (inf/NaN gradients, a few
-        while the scale settles) advances them, as in PyTorch's AMP recipe: knowing it on the host
-        would cost a GPU sync every step. It is counted on the device (``fp16_skipped_steps``).
-        """
+    def _after_optimizer_step(self, t_data: float) -> None:
+        """Logging, step timing, evaluation, checkpoint and the stop vote after one optimizer step."""
         cfg, state = self.cfg, self.state
-        if skipped:
-            state.nonfinite_skipped += 1
-        else:
-            self.scheduler.step()
-            self.features.after_optimizer_step()  # --ema
-        state.global_step += 1
-        state.step_in_epoch += 1
-        state.samples_seen += self.plan.global_batch
-        self.logger.advance()
         reason = self.stop_requested()
         save_now = bool(reason) or bool(cfg.checkpoint_every and state.global_step % cfg.checkpoint_every == 0)
         if cfg.log_every and state.global_step % cfg.log_every == 0:
@@ -348,7 +359,7 @@ class Trainer:
         if not math.isfinite(loss_sum):
             raise NonFiniteLossError(
                 f"training loss became {loss_sum} by step {self.state.global_step}; stopping. The last good "
-                f"checkpoint in {Path(self.cfg.output_dir) / CHECKPOINT_DIR} is kept. Lower --lr, keep "
+                f"checkpoint in {self.run_dir.checkpoints} is kept. Lower --lr, keep "
                 "--max-grad-norm on, or pass --skip-nonfinite to skip such steps"
             )
 
@@ -384,7 +395,7 @@ class Trainer:
         state.extra.update(self.features.checkpoint_extra())  # EMA updates, early-stopping counter
         path = save_checkpoint(
             self.acc,
-            cfg.output_dir,
+            self.run_dir,
             state,
             self.meta,
             cfg.keep_last,
@@ -401,8 +412,6 @@ class Trainer:
 
     def export(self, out_dir: Path) -> None:
         """Unwrapped safetensors + config.json (main process writes; every rank must call)."""
-        from accel_train.checkpoint.weights import export_weights
-
         state_dict = self.acc.get_state_dict(self.model)  # collective under FSDP/DeepSpeed
         if self.rt.is_main:
             export_weights(state_dict, out_dir, self.meta["model_config"])

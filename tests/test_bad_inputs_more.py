@@ -496,12 +496,15 @@ def _damaged_run(run: Path, tmp_path: Path, damage) -> tuple[Path, Path]:
 
 @pytest.mark.parametrize("name,damage,needles", PROGRESS_CASES, ids=[c[0] for c in PROGRESS_CASES])
 def test_progress_json_in_process(tmp_path, small_run, name, damage, needles):
+    """What a resume reads of a checkpoint: its progress.json (``read_progress``), then the run config in it
+    (checked by the config layer, which owns its fields)."""
     from accel_train.checkpoint.state import read_progress
+    from accel_train.config import check_saved_config
 
     run, progress = _damaged_run(small_run, tmp_path, damage)
     before = snapshot(tmp_path)
     with pytest.raises(CheckpointError) as info:
-        read_progress(progress.parent)
+        check_saved_config(read_progress(progress.parent)["config"], str(progress))
     message = str(info.value)
     assert "\n" not in message and str(progress) in message, message
     for needle in needles:
@@ -523,6 +526,20 @@ def test_resume_from_a_damaged_progress_json(tmp_path, capsys, small_run, name, 
     line = one_line(code, out, err, str(progress))
     if resume == "auto":
         assert "--resume auto: the newest checkpoint cannot be used, so the run is not started over" in line
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("resume", ["auto", "path"])
+def test_resume_from_a_checkpoint_with_a_damaged_config(tmp_path, capsys, small_run, resume):
+    """The saved config is checked by the config layer when a resume reads it: one line, nothing written."""
+    from accel_train.commands.train import main
+
+    run, progress = _damaged_run(small_run, tmp_path, lambda p: p["config"].update(lr="fast"))
+    before = snapshot(tmp_path)
+    target = "auto" if resume == "auto" else str(progress.parent)
+    code, out, err = run_cli(capsys, main, [*SMALL, "--max-steps", "4", "--output-dir", str(run), "--resume", target])
+    line = one_line(code, out, err, str(progress))
+    assert "config.lr must be float, got 'fast'" in line and "the checkpoint is damaged" in line, line
     assert snapshot(tmp_path) == before
 
 

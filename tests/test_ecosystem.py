@@ -6,6 +6,7 @@ use), the state-dict helpers (torch/accelerate where they do the job) and the st
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -75,6 +76,7 @@ def test_unknown_trackers_are_one_line_naming_every_choice(value, needle):
 def test_trackers_keep_their_files_in_the_run_folder_and_registered_ones_work(tmp_path, monkeypatch):
     from accelerate.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker
 
+    from accel_train.run_dir import RunDir
     from accel_train.tracking import CSVTracker, RunFolderMLflowTracker, trackers_for
 
     class Mine(GeneralTracker):  # a tracker of the user's, registered with accelerate
@@ -87,9 +89,7 @@ def test_trackers_keep_their_files_in_the_run_folder_and_registered_ones_work(tm
             self.project, self.logging_dir = project, logging_dir
 
     monkeypatch.setitem(LOGGER_TYPE_TO_CLASS, "mine", Mine)  # what register_tracker_class does
-    tensorboard, csv_tracker, mlflow, mine = trackers_for(
-        "all,mlflow,mine", tmp_path / "run", tmp_path / "run" / "mlruns"
-    )
+    tensorboard, csv_tracker, mlflow, mine = trackers_for("all,mlflow,mine", RunDir(tmp_path / "run"))
     assert tensorboard == "tensorboard"  # by name: accelerate writes it to <run>/tb
     assert isinstance(csv_tracker, CSVTracker) and csv_tracker.path == tmp_path / "run" / "metrics.csv"
     assert isinstance(mlflow, RunFolderMLflowTracker) and mlflow.store == tmp_path / "run" / "mlruns"
@@ -110,8 +110,7 @@ def test_a_tracker_without_its_package_is_one_line_naming_it_before_the_run(tmp_
         with pytest.raises(UserError, match=f"--report-to {tracker} needs the {package} package: pip install"):
             parse_config(["--report-to", f"csv,{tracker}"])
     # a resumed run may bring its report_to back from the checkpoint: fit checks again, before any folder exists
-    cfg = parse_config([*SMALL_RUN, "--output-dir", str(tmp_path / "run")])
-    cfg.report_to = "mlflow"
+    cfg = dataclasses.replace(parse_config([*SMALL_RUN, "--output-dir", str(tmp_path / "run")]), report_to="mlflow")
     with pytest.raises(UserError, match="pip install mlflow"):
         fit(cfg)
     assert not (tmp_path / "run").exists()

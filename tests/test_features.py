@@ -288,13 +288,12 @@ def test_resume_refuses_new_mixing_but_takes_new_patience():
     from accel_train.resume import PER_ATTEMPT, SAFE, reconcile
 
     saved = TrainConfig(mixup=0.2, early_stop_patience=3).to_dict()
-    cfg = TrainConfig(mixup=0.5)
-    cfg.given = frozenset({"mixup"})
+    cfg = TrainConfig(mixup=0.5).validate(given={"mixup"})
     with pytest.raises(UserError, match="--mixup"):
         reconcile(cfg, saved, {})
-    cfg = TrainConfig(early_stop_patience=5)
-    cfg.given = frozenset({"early_stop_patience"})
-    assert reconcile(cfg, saved, {}) == {"early_stop_patience": [3, 5]} and cfg.mixup == 0.2
+    cfg = TrainConfig(early_stop_patience=5).validate(given={"early_stop_patience"})
+    cfg, changes = reconcile(cfg, saved, {})
+    assert changes == {"early_stop_patience": [3, 5]} and cfg.mixup == 0.2
     new = {"ema", "label_smoothing", "mixup", "cutmix"}
     assert not new & (SAFE | PER_ATTEMPT)  # the experiment: refused when changed
 

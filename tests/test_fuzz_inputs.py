@@ -268,8 +268,12 @@ def checkpoint_run(tmp_path_factory) -> Path:
 
 def test_fuzz_every_progress_json_field(tmp_path, checkpoint_run):
     from accel_train.checkpoint.state import read_progress, resolve_resume
+    from accel_train.config import check_saved_config
+    from accel_train.loop import _restore_resumed_config
+    from accel_train.run_dir import RunDir
 
     run = tmp_path / "run"
+    resume_auto = parse_config(["--resume", "auto", "--output-dir", str(run)])
     shutil.copytree(checkpoint_run, run)
     ckpt = run / "checkpoints" / "step_00000002"
     progress = ckpt / "progress.json"
@@ -283,6 +287,14 @@ def test_fuzz_every_progress_json_field(tmp_path, checkpoint_run):
         progress.write_text(json.dumps(data))
         before = snapshot(run)
         case = f"progress.json {dotted}: {value!r}"
+        if dotted.startswith("config."):  # the run config: checked by the config layer when a resume reads it
+            message = _refused(lambda: check_saved_config(read_progress(ckpt)["config"], str(progress)), case)
+            assert str(progress) in message, message
+            # --resume auto refuses it too, instead of starting over
+            auto = _refused(lambda: _restore_resumed_config(resume_auto, RunDir(run)), f"--resume auto with {case}")
+            assert str(progress) in auto and "the checkpoint is damaged" in auto, auto
+            assert snapshot(run) == before, f"{case}: files changed"
+            continue
         message = _refused(lambda: read_progress(ckpt), case)
         assert str(progress) in message, message
         # --resume auto refuses it too, instead of starting over

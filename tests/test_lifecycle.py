@@ -116,7 +116,7 @@ def test_a_resume_without_batch_flags_keeps_the_global_batch_on_another_setup():
     """2 processes x 32 saved; resumed on any number of processes it stays 64 per optimizer step."""
     cfg = parse_config(["--resume", "auto"])
     saved = {**cfg.to_dict(), "batch_size": 32}
-    reconcile(cfg, saved, {"global_batch": 64, "micro_batch": 32})
+    cfg, _ = reconcile(cfg, saved, {"global_batch": 64, "micro_batch": 32})
     assert (cfg.global_batch_size, cfg.max_device_batch, cfg.grad_accum_steps) == (64, 32, 1)
     flags = parse_config(["--resume", "auto", "--batch-size", "16"])
     with pytest.raises(UserError, match="--batch-size"):

@@ -216,6 +216,7 @@ def test_roots_home_and_foreign_folders_are_refused(tmp_path, monkeypatch):
 
 
 def test_retention_never_deletes_the_saved_or_resumed_checkpoint(tmp_path):
+    from accel_train.checkpoint.branch import newer_checkpoints
     from accel_train.checkpoint.state import _retire_old
 
     root = tmp_path / "checkpoints"
@@ -224,6 +225,6 @@ def test_retention_never_deletes_the_saved_or_resumed_checkpoint(tmp_path):
         folder.mkdir(parents=True)
         (folder / "progress.json").write_text(json.dumps({"state": {"global_step": step}}))
     resumed, saved = root / "step_00000010", root / "step_00000025"
-    _retire_old(tmp_path, keep_last=1, keep=(saved, resumed))
+    _retire_old(RunDir(tmp_path), keep_last=1, keep=(saved, resumed))
     assert sorted(p.name for p in root.iterdir()) == ["step_00000010", "step_00000025"]
-    assert RunDir(tmp_path).newer_checkpoints(10, resumed) == [25]  # what --branch would move aside
+    assert newer_checkpoints(RunDir(tmp_path), 10, resumed) == [25]  # what --branch would move aside

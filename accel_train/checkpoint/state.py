@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import pickle  # only for pickle.UnpicklingError
-import re
 import shutil
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -34,21 +33,15 @@ from pathlib import Path
 from typing import Any
 
 from accel_train.checkpoint.keys import strip_key
+from accel_train.checkpoint.validate import check_progress
 from accel_train.checkpoint.verify import PROGRESS_FILE, RNG_FILE, safe_torch_load, verify_checkpoint
 from accel_train.errors import CheckpointError, UserError
 from accel_train.fsio import WRITE_GUARD, tree_size, write_json_atomic, writing
 from accel_train.limits import check_regular_file
+from accel_train.run_dir import CHECKPOINT_DIR, TMP_PREFIX, RunDir, checkpoint_name, is_own_checkpoint_name
 
-CHECKPOINT_DIR = "checkpoints"
-TMP_PREFIX = ".tmp-"
-#: The only folder names a run gives its checkpoints (``step_`` + 8 digits, and the ``.tmp-`` form while a save
-#: is under way). Resume, retention and ``--branch`` see nothing else in ``checkpoints/``: a user's renamed copy
-#: or own folder there is never resumed from, moved or deleted.
-_OWN_NAME = re.compile(r"step_\d{8,}")
-
-
-def is_own_checkpoint_name(name: str) -> bool:
-    return _OWN_NAME.fullmatch(name) is not None
+#: A run folder: its :class:`RunDir`, or the folder's path (wrapped in one).
+Run = RunDir | str | os.PathLike
 
 
 @dataclass
@@ -77,7 +70,7 @@ class TrainState:
 def install_unwrapped_weight_hooks(accelerator) -> None:
     """Make ``save_state``/``load_state`` use unwrapped model keys on every setup."""
 
-    def save_hook(models, weights, output_dir):
+    def save_hook(models, weights, folder):
         for i, sd in enumerate(weights):
             weights[i] = {strip_key(k): v for k, v in sd.items()}
 
@@ -104,16 +97,11 @@ def install_unwrapped_weight_hooks(accelerator) -> None:
     accelerator.register_load_state_pre_hook(load_hook)
 
 
-def list_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
-    """The run's own complete checkpoints as (global_step, path), oldest first; partial and foreign ones are
-    skipped (see ``_OWN_NAME``)."""
-    root = Path(output_dir) / CHECKPOINT_DIR
+def list_checkpoints(run: Run) -> list[tuple[int, Path]]:
+    """The run's own complete checkpoints as (global_step, path), oldest first; partial, unreadable and foreign
+    ones are skipped (:meth:`RunDir.checkpoint_folders` names them)."""
     found = []
-    if not root.is_dir():
-        return found
-    for path in root.iterdir():
-        if not is_own_checkpoint_name(path.name) or path.is_symlink() or not path.is_dir():
-            continue
+    for path in RunDir.of(run).checkpoint_folders():
         try:
             found.append((read_progress(path)["state"]["global_step"], path))
         except CheckpointError:
@@ -121,17 +109,14 @@ def list_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _refuse_unusable_newest(output_dir: str | Path) -> None:
+def _refuse_unusable_newest(run: RunDir) -> None:
     """``--resume auto`` must not start over silently: a checkpoint folder at least as new (by its name) as the
     latest usable one, whose progress.json is missing or invalid, is refused with the reason."""
-    root = Path(output_dir) / CHECKPOINT_DIR
-    if not root.is_dir():
-        return
-    usable = {p.name for _, p in list_checkpoints(output_dir)}
+    usable = {p.name for _, p in list_checkpoints(run)}
     newest = max(usable, default="")
-    for path in sorted(root.iterdir(), reverse=True):
-        if path.name in usable or path.name < newest or not is_own_checkpoint_name(path.name) or not path.is_dir():
-            continue  # older, partial (.tmp-), or a foreign folder
+    for path in reversed(run.checkpoint_folders()):
+        if path.name in usable or path.name < newest:
+            continue  # usable, or older than the newest usable one
         try:
             read_progress(path)
         except CheckpointError as exc:
@@ -141,18 +126,19 @@ def _refuse_unusable_newest(output_dir: str | Path) -> None:
             ) from None
 
 
-def latest_checkpoint(output_dir: str | Path) -> Path | None:
-    ckpts = list_checkpoints(output_dir)
+def latest_checkpoint(run: Run) -> Path | None:
+    ckpts = list_checkpoints(run)
     return ckpts[-1][1] if ckpts else None
 
 
-def resolve_resume(resume: str, output_dir: str | Path) -> Path | None:
-    """``auto`` -> latest complete checkpoint or None; ``none`` -> None; else a checkpoint path."""
+def resolve_resume(resume: str, run: Run) -> Path | None:
+    """``auto`` -> the run's latest complete checkpoint or None; ``none`` -> None; else a checkpoint path (or a
+    run folder: its latest)."""
     if resume == "none":
         return None
     if resume == "auto":
-        _refuse_unusable_newest(output_dir)
-        return latest_checkpoint(output_dir)
+        _refuse_unusable_newest(RunDir.of(run))
+        return latest_checkpoint(run)
     path = Path(resume)
     if path.is_dir() and (path / PROGRESS_FILE).exists():
         return path
@@ -166,8 +152,6 @@ def resolve_resume(resume: str, output_dir: str | Path) -> Path | None:
 
 def read_progress(path: str | Path) -> dict[str, Any]:
     """``path/progress.json``, checked (``checkpoint.validate.check_progress``): one line if it is unusable."""
-    from accel_train.checkpoint.validate import check_progress
-
     file = Path(path) / PROGRESS_FILE
     check_regular_file(file, "progress.json", CheckpointError)
     try:
@@ -179,10 +163,10 @@ def read_progress(path: str | Path) -> dict[str, Any]:
         ) from None
 
 
-def _retire_old(output_dir: str | Path, keep_last: int, keep: tuple[Path, ...]) -> None:
+def _retire_old(run: RunDir, keep_last: int, keep: tuple[Path, ...]) -> None:
     """Delete the oldest checkpoints beyond ``keep_last``; never one of ``keep`` (just saved, resumed from)."""
     keep_real = {p.resolve() for p in keep}
-    ckpts = [p for _, p in list_checkpoints(output_dir)]
+    ckpts = [p for _, p in list_checkpoints(run)]
     for old in ckpts[: max(0, len(ckpts) - keep_last)]:
         if old.resolve() not in keep_real:
             shutil.rmtree(old, ignore_errors=True)
@@ -190,7 +174,7 @@ def _retire_old(output_dir: str | Path, keep_last: int, keep: tuple[Path, ...]) 
 
 def save_checkpoint(
     accelerator,
-    output_dir: str | Path,
+    run: Run,
     state: TrainState,
     meta: dict[str, Any],
     keep_last: int,
@@ -206,10 +190,10 @@ def save_checkpoint(
     process (``--ema``'s ``ema.safetensors``; ``checkpoint.verify`` must know each name).
     A full disk gives one line and leaves the previous checkpoint as it was.
     """
-    root = Path(output_dir) / CHECKPOINT_DIR
-    name = f"step_{state.global_step:08d}"
+    run = RunDir.of(run)
+    root, name = run.checkpoints, checkpoint_name(state.global_step)
     tmp, final = root / f"{TMP_PREFIX}{name}", root / name
-    previous = latest_checkpoint(output_dir)
+    previous = latest_checkpoint(run)
     needed = tree_size(previous) if previous else None
     try:
         with writing(final, "checkpoint", needed):
@@ -236,7 +220,7 @@ def save_checkpoint(
         kept = f"; the previous checkpoint {previous} is intact" if previous else ""
         raise UserError(f"{exc}{kept}") from None
     if accelerator.is_main_process:
-        _retire_old(output_dir, keep_last, tuple(p for p in (final, protect) if p is not None))
+        _retire_old(run, keep_last, tuple(p for p in (final, protect) if p is not None))
     accelerator.wait_for_everyone()
     return final
 

@@ -2,59 +2,23 @@
 
 ``check_model_config``: an export's ``config.json`` (or a checkpoint's ``progress.json["model_config"]``),
 read by ``load_model`` for ``accel-evaluate``, ``accel-predict`` and ``convert_checkpoint.py``.
-``check_progress``: a checkpoint's ``progress.json``, read by every resume (``state.read_progress``).
+``check_progress``: a checkpoint's ``progress.json``, read by every resume (``state.read_progress``); the run
+config it carries is checked by the config layer (``config.check_saved_config``), which owns its fields.
 Each wrong type, range or non-finite number is one :class:`CheckpointError` line that names the file
 and the field. Fields that are absent are left to the readers' defaults; unknown fields are ignored.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import fields
 from typing import Any
 
-from accel_train.errors import CheckpointError
-from accel_train.limits import MAX_CHANNELS, MAX_CLASSES, MAX_IMAGE_SIZE, MAX_INT
+from accel_train.errors import UserError
+from accel_train.json_checks import Checker, is_int, is_number, shown
+from accel_train.limits import MAX_CHANNELS, MAX_CLASSES, MAX_IMAGE_SIZE
 
 _SIZES = {"num_classes": MAX_CLASSES, "in_channels": MAX_CHANNELS, "image_size": MAX_IMAGE_SIZE}
 _COUNTERS = ("epoch", "step_in_epoch", "global_step", "samples_seen", "nonfinite_skipped", "fp16_skipped_steps")
 _RESOLVED_COUNTS = ("world_size", "global_batch", "micro_batch", "accum_steps", "total_steps", "steps_per_epoch")
-
-
-def _shown(value: Any) -> str:
-    text = "null" if value is None else repr(value)
-    return text if len(text) <= 60 else text[:60] + "..."
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-class _Checker:
-    """Raises one line naming ``where`` and the field; ``fix`` says what to do about it."""
-
-    def __init__(self, where: str, fix: str):
-        self.where, self.fix = where, fix
-
-    def fail(self, field: str, problem: str) -> None:
-        raise CheckpointError(f"{self.where}: {field} {problem}; {self.fix}")
-
-    def integer(self, data: dict, key: str, low: int, high: int = MAX_INT, prefix: str = "") -> None:
-        if key in data and not (_is_int(data[key]) and low <= data[key] <= high):
-            bounds = f">= {low}" if high == MAX_INT else f"between {low} and {high:,}"
-            self.fail(prefix + key, f"must be an integer {bounds}, got {_shown(data[key])}")
-
-    def mapping(self, data: dict, key: str, optional: bool = True) -> dict:
-        value = data.get(key)
-        if (value is None and key in data and optional) or (key not in data and optional):
-            return {}
-        if not isinstance(value, dict):
-            self.fail(key, f"must be a JSON object, got {_shown(value)}")
-        return value
 
 
 # --------------------------------------------------------------------------- config.json
@@ -62,21 +26,20 @@ class _Checker:
 
 def check_model_config(config: Any, where: str) -> dict:
     """``config`` (an export's ``config.json``) with every present field checked; returns it."""
-    check = _Checker(where, "fix the file (or re-export the model with convert_checkpoint.py)")
+    check = Checker(where, "fix the file (or re-export the model with convert_checkpoint.py)")
     if not isinstance(config, dict):
-        check.fail("the file", f"must hold a JSON object, got {_shown(config)}")
+        check.fail("the file", f"must hold a JSON object, got {shown(config)}")
     model = config.get("model")
     if "model" in config:
-        from accel_train.errors import UserError
         from accel_train.models import available_models, check_model_name, min_image_size
 
         if not isinstance(model, str):
-            check.fail("model", f"must be a model name, got {_shown(model)}")
+            check.fail("model", f"must be a model name, got {shown(model)}")
         try:
             check_model_name(model)  # spelling only: tv:NAME and package.module:callable are never imported here
         except UserError:
             known = ", ".join(available_models())
-            check.fail("model", f"must be one of {known}, tv:NAME or package.module:callable, got {_shown(model)}")
+            check.fail("model", f"must be one of {known}, tv:NAME or package.module:callable, got {shown(model)}")
         low = min_image_size(model)
     else:
         low = 1
@@ -88,25 +51,25 @@ def check_model_config(config: Any, where: str) -> dict:
     names = config.get("class_names")
     if names is not None:
         if not isinstance(names, list) or not all(isinstance(n, (str, int)) for n in names):
-            check.fail("class_names", f"must be a list of names, got {_shown(names)}")
+            check.fail("class_names", f"must be a list of names, got {shown(names)}")
         if "num_classes" in config and len(names) != config["num_classes"]:
             check.fail("class_names", f"has {len(names)} names but num_classes is {config['num_classes']}")
     if config.get("dataset") is not None and not isinstance(config["dataset"], str):
-        check.fail("dataset", f"must be a dataset name, got {_shown(config['dataset'])}")
+        check.fail("dataset", f"must be a dataset name, got {shown(config['dataset'])}")
     return config
 
 
-def _check_channels(check: _Checker, config: dict, key: str) -> None:
+def _check_channels(check: Checker, config: dict, key: str) -> None:
     """``mean``/``std``: a finite number or a list of them, one per input channel (or one for all); std > 0."""
     value = config[key]
     values = value if isinstance(value, list) else [value]
     channels = config.get("in_channels")
-    if not values or not all(_is_number(v) for v in values):
-        check.fail(key, f"must be a finite number or a list of them (one per channel), got {_shown(value)}")
-    if len(values) not in (1, channels if _is_int(channels) else len(values)):
+    if not values or not all(is_number(v) for v in values):
+        check.fail(key, f"must be a finite number or a list of them (one per channel), got {shown(value)}")
+    if len(values) not in (1, channels if is_int(channels) else len(values)):
         check.fail(key, f"has {len(values)} values but in_channels is {channels}")
     if key == "std" and any(v <= 0 for v in values):
-        check.fail(key, f"must be positive, got {_shown(value)}")
+        check.fail(key, f"must be positive, got {shown(value)}")
 
 
 # --------------------------------------------------------------------------- progress.json
@@ -114,9 +77,9 @@ def _check_channels(check: _Checker, config: dict, key: str) -> None:
 
 def check_progress(data: Any, where: str) -> dict:
     """A checkpoint's ``progress.json`` with its state, schedule, config and model config checked; returns it."""
-    check = _Checker(where, "the checkpoint is damaged: resume from another checkpoint or start a new --output-dir")
+    check = Checker(where, "the checkpoint is damaged: resume from another checkpoint or start a new --output-dir")
     if not isinstance(data, dict):
-        check.fail("the file", f"must hold a JSON object, got {_shown(data)}")
+        check.fail("the file", f"must hold a JSON object, got {shown(data)}")
     if "state" not in data:
         check.fail("state", "is missing (the training progress: global_step, epoch, ...)")
     state = check.mapping(data, "state", optional=False)
@@ -124,8 +87,8 @@ def check_progress(data: Any, where: str) -> dict:
         check.fail("state.global_step", "is missing")
     for key in _COUNTERS:
         check.integer(state, key, 0, prefix="state.")
-    if state.get("best_metric") is not None and not _is_number(state["best_metric"]):
-        check.fail("state.best_metric", f"must be a finite number or null, got {_shown(state['best_metric'])}")
+    if state.get("best_metric") is not None and not is_number(state["best_metric"]):
+        check.fail("state.best_metric", f"must be a finite number or null, got {shown(state['best_metric'])}")
     if state.get("best_step") is not None:
         check.integer(state, "best_step", 0, prefix="state.")
     check.mapping(state, "extra")
@@ -133,41 +96,9 @@ def check_progress(data: Any, where: str) -> dict:
     resolved = check.mapping(data, "resolved")
     for key in _RESOLVED_COUNTS:
         check.integer(resolved, key, 0, prefix="resolved.")
-    if "lr" in resolved and not _is_number(resolved["lr"]):
-        check.fail("resolved.lr", f"must be a finite number, got {_shown(resolved['lr'])}")
+    if "lr" in resolved and not is_number(resolved["lr"]):
+        check.fail("resolved.lr", f"must be a finite number, got {shown(resolved['lr'])}")
     if data.get("model_config") is not None:
         check_model_config(check.mapping(data, "model_config"), f"{where} (model_config)")
-    if data.get("config") is not None:
-        _check_saved_config(check, check.mapping(data, "config"))
+    check.mapping(data, "config")  # its fields are the config layer's to check (``config.check_saved_config``)
     return data
-
-
-def _check_saved_config(check: _Checker, saved: dict) -> None:
-    """The run's saved ``TrainConfig``: each known field of its type, then the ranges flags are held to."""
-    from accel_train.config import TrainConfig, _check_names
-    from accel_train.errors import UserError
-    from accel_train.flags import field_type, is_parsed_text
-    from accel_train.tracking import tracker_names
-
-    known = {}
-    for f in fields(TrainConfig):
-        if f.name not in saved:
-            continue
-        value, typ = saved[f.name], field_type(f)
-        ok = (value is None and "None" in str(f.type)) or (
-            isinstance(value, typ) and (typ is bool or not isinstance(value, bool))
-        )
-        ok = ok or is_parsed_text(f, value)  # max_device_batch: auto
-        if typ is float and _is_int(value):
-            ok = True
-        if not ok:
-            check.fail(f"config.{f.name}", f"must be {typ.__name__}, got {_shown(value)}")
-        known[f.name] = value
-    try:
-        cfg = TrainConfig(**known)
-        cfg._check_ranges()
-        tracker_names(cfg.report_to)  # known names; whether their packages are installed matters only to a run
-        cfg._check_choices()
-        _check_names(cfg.model, cfg.dataset)
-    except UserError as exc:
-        check.fail("config", f"is invalid ({exc})")

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from accel_train.flags import SAFE
 from accel_train.flags import setting as _f
+from accel_train.limits import MAX_CHANNELS, MAX_CLASSES, MAX_IMAGE_SIZE
 
 
 @dataclass
@@ -17,9 +19,13 @@ class DataConfig:
     """The slice of the training config that dataset builders read."""
 
     dataset: str = _f("digits", "dataset: digits, synthetic, mnist, fashion_mnist, cifar10, imagefolder:DIR, hf:NAME")
-    data_dir: str = _f("data", "root folder of on-disk datasets (torchvision layouts)")
-    download: bool = _f(False, "download mnist/fashion_mnist/cifar10 with torchvision if missing (needs network)")
-    image_size: int | None = _f(None, "resize images to this size (default: the dataset's own size)")
+    data_dir: str = _f("data", "root folder of on-disk datasets (torchvision layouts)", resume=SAFE)
+    download: bool = _f(
+        False, "download mnist/fashion_mnist/cifar10 with torchvision if missing (needs network)", resume=SAFE
+    )
+    image_size: int | None = _f(
+        None, "resize images to this size (default: the dataset's own size)", low=1, high=MAX_IMAGE_SIZE
+    )
     seed: int = _f(42, "random seed (data order, init, dropout)")
     val_split: float = _f(0.2, "test fraction for sources without a test split")
     image_column: str | None = _f(None, "image column of an hf: dataset (default: detected)")
@@ -31,11 +37,11 @@ class DataConfig:
     crop_padding_mode: str = _f(
         "constant", "how the random crop pads: constant (zeros) or reflect", choices=("constant", "reflect")
     )
-    synthetic_size: int = _f(2048, "synthetic: training samples")
-    synthetic_test_size: int = _f(512, "synthetic: test samples")
-    synthetic_channels: int = _f(1, "synthetic: channels")
-    synthetic_image_size: int = _f(28, "synthetic: image side")
-    synthetic_classes: int = _f(10, "synthetic: classes")
+    synthetic_size: int = _f(2048, "synthetic: training samples", low=1)
+    synthetic_test_size: int = _f(512, "synthetic: test samples", low=1)
+    synthetic_channels: int = _f(1, "synthetic: channels", low=1, high=MAX_CHANNELS)
+    synthetic_image_size: int = _f(28, "synthetic: image side", low=1, high=MAX_IMAGE_SIZE)
+    synthetic_classes: int = _f(10, "synthetic: classes", high=MAX_CLASSES)
 
 
 #: The options dataset builders read (``DataConfig``'s fields).

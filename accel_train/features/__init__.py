@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from accel_train.checkpoint.weights import export_weights
 from accel_train.errors import UserError
 from accel_train.features.dropout import DropoutKeys, KeyedDropout, use_keyed_dropout
 from accel_train.features.early_stop import EarlyStopping
@@ -103,8 +104,6 @@ class TrainFeatures:
 
     def export_ema(self, out_dir: Path, model_config: dict[str, Any]) -> None:
         if self.ema is not None:
-            from accel_train.checkpoint.weights import export_weights
-
             export_weights(self.ema.state_dict(), out_dir, model_config)
 
     # ---- checkpoints ---------------------------------------------------------------------------------------
