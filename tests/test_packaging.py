@@ -157,6 +157,52 @@ def test_the_cycle_check_sees_a_cycle_through_a_function(tmp_path):
     assert lazy["accel_train.c"] == set()  # type-checking imports never run
 
 
+#: Who may see the whole run config: the config layer itself (resume reconciles two configs), the run's entry
+#: (api, loop, build), the loop that runs it, and the commands. Everything else gets its slice or plain values.
+CONFIG_READERS = {"config", "resume", "api", "loop", "build", "trainer", "saved_eval"}
+#: Who may name ``output_dir``: the config (the flag), the run's entry (which hands it to ``RunDir``, the run
+#: folder's owner) and the commands.
+OUTPUT_DIR_NAMERS = {"config", "api", "loop", "saved_eval"}
+
+
+def _package_modules():
+    for path in sorted((REPO / "accel_train").rglob("*.py")):
+        name = ".".join(path.relative_to(REPO / "accel_train").with_suffix("").parts)
+        yield name.removesuffix(".__init__"), path
+
+
+def _allowed(name: str, allowed: set[str]) -> bool:
+    return name in allowed or name.startswith("commands.")
+
+
+def test_only_the_top_sees_the_whole_config_and_only_the_run_folder_names_its_path():
+    """The config is the top of the library, not its hub: no module outside ``CONFIG_READERS`` imports
+    ``TrainConfig`` (in a function or for type checking too), and ``output_dir`` (a name, an attribute, a
+    keyword) appears only in ``OUTPUT_DIR_NAMERS``; every other part takes a ``RunDir`` or a path it gives."""
+    import ast
+
+    readers, namers = [], []
+    for name, path in _package_modules():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("config"):
+                if any(a.name == "TrainConfig" for a in node.names) and not _allowed(name, CONFIG_READERS):
+                    readers.append(f"{name}:{node.lineno}")
+            named = (
+                (isinstance(node, ast.Name) and node.id == "output_dir")
+                or (isinstance(node, ast.Attribute) and node.attr == "output_dir")
+                or (isinstance(node, (ast.keyword, ast.arg)) and node.arg == "output_dir")
+            )
+            if named and not _allowed(name, OUTPUT_DIR_NAMERS):
+                namers.append(f"{name}:{node.lineno}")
+    assert not readers, f"TrainConfig imported below the top: {readers}; pass the part's slice or plain values"
+    assert not namers, f"output_dir named outside the run's entry: {namers}; take a RunDir (run_dir.py)"
+    layers = _layers()
+    placed = layers.floors(layers.import_graph(), by_module=True)
+    below = [m for m in CONFIG_READERS - {"config"} if placed[f"accel_train.{m}"] <= placed["accel_train.config"]]
+    assert not below, f"{below} read the whole config but sit on or below its floor"
+
+
 def test_readme_commands_and_ci_install_through_the_constraints():
     """The README's two set-up commands and .ci/run install through constraints.txt, which pins every package the
     requirements name (but the platform builds it leaves out, named in its header) to one exact version."""
