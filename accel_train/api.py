@@ -59,6 +59,9 @@ def train(
 ) -> dict[str, Any]:
     """Train ``model`` on ``train_dataset`` with accel_train's loop; returns the run summary.
 
+    Under ``accelerate launch`` every process returns it (the same figures; accel_train itself prints its
+    summary line once): print or save it on one, e.g. ``if os.environ.get("RANK", "0") == "0": print(summary)``.
+
     See the module docstring for what ``model`` and the datasets may be. ``class_names``: names of the
     classes (default: the dataset's ``classes``, or its label feature's names, or the indices).
     """

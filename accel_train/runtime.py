@@ -58,8 +58,9 @@ def check_launch(env: dict[str, str] | os._Environ = os.environ) -> None:
     if asked_for_many and launched_world_size(env) == 1:
         raise LaunchError(
             "the accelerate config asked for several CPU processes (distributed_type MULTI_CPU, or 'NO' with "
-            "num_processes > 1) but accelerate started only one, because mpirun is not set up. Use "
-            "accelerate_configs/multi_cpu.yaml (torchrun-based gloo DDP), or set num_processes: 1"
+            "num_processes > 1; an unquoted NO in a wizard's YAML is read as false and ends here too: write 'NO') "
+            "but accelerate started only one, because mpirun is not set up. Use accelerate_configs/multi_cpu.yaml "
+            "(torchrun-based gloo DDP), or set num_processes: 1; scripts/doctor.py --config_file FILE names the cause"
         )
 
 

@@ -160,3 +160,16 @@ def test_augmentation_depends_on_seed_epoch_and_index_only():
     assert torch.equal(ds[2][0], first[1])  # per-sample and batched paths agree
     ds.set_epoch(1)
     assert not torch.equal(ds.__getitems__([1, 2, 3])[0], first)  # a new epoch, new crops
+
+
+def test_a_lone_cpu_process_names_the_unquoted_no_and_the_doctor():
+    """An unquoted ``distributed_type: NO`` with num_processes > 1 (a wizard file) starts one process through
+    accelerate's simple launcher, the same trap as MULTI_CPU without mpirun: the one line says to quote it."""
+    from accel_train.errors import LaunchError
+    from accel_train.runtime import check_launch
+
+    with pytest.raises(LaunchError) as info:
+        check_launch({"ACCELERATE_USE_CPU": "True", "MASTER_PORT": "29500"})
+    message = str(info.value)
+    assert "\n" not in message and "write 'NO'" in message and "scripts/doctor.py --config_file" in message
+    check_launch({"ACCELERATE_USE_CPU": "True"})  # one process asked for: nothing to say
