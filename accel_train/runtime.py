@@ -143,7 +143,7 @@ def cpu_bf16_kind(cpuinfo: str | None = None) -> str:
     return "avx512_bf16" if "avx512_bf16" in flags else "none"
 
 
-BF16_ON_CPU = {  # the figures: python -m benchmarks, resnet18 bf16 vs fp32 samples/s (README, Performance)
+BF16_ON_CPU = {  # the figures: python -m benchmarks, resnet18 bf16 vs fp32 samples/s (docs/performance.md)
     "amx": "this CPU has AMX: bf16 matmuls run several times faster than fp32",
     "avx512_bf16": "this CPU has AVX512-BF16 but no AMX: bf16 can go either way (resnet18 ran 1.6x fp32 on an "
     "AMD EPYC, 0.74x on an Intel Xeon); measure it here with python -m benchmarks --setups cpu_fp32,cpu_bf16",

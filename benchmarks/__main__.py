@@ -87,7 +87,7 @@ def _parser():
         "--readme",
         type=Path,
         default=None,
-        help="also rewrite the figures between the benchmark markers of this file (README.md)",
+        help="also rewrite the figures between the benchmark markers of this file (docs/performance.md)",
     )
     parser.add_argument("--keep-runs", action="store_true", help="keep the children's run folders (debugging)")
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tests: lenet, cpu_fp32, few steps

@@ -312,7 +312,7 @@ def run_benchmark(opts: BenchOptions) -> dict[str, Any]:
     (out / "benchmark.md").write_text(render_markdown(report))
     write_chart(report, out / "benchmark.png")
     if opts.readme is not None:
-        update_readme(opts.readme, report)
+        update_readme(opts.readme, report, out)
         opts.log(f"bench: rewrote the benchmark block of {opts.readme}")
     opts.log(f"bench: wrote {out / 'benchmark.json'}, benchmark.md, benchmark.png in {report['total_wall_s']:.0f}s")
     return report

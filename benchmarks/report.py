@@ -4,6 +4,7 @@ run, the default run, the 2-process and bf16 findings), the README's block betwe
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -242,8 +243,9 @@ README_BEGIN = "<!-- benchmark:begin"
 README_END = "<!-- benchmark:end -->"
 
 
-def readme_block(report: dict[str, Any]) -> str:
-    """The README's benchmark figures, written from ``report`` (``--readme``): nobody copies numbers by hand."""
+def readme_block(report: dict[str, Any], full_report: str = "docs/benchmark/benchmark.md") -> str:
+    """The benchmark figures of a page (``--readme``), written from ``report``: nobody copies numbers by hand.
+    ``full_report``: the link to the whole report, relative to that page."""
     m, s = report["machine"], report["settings"]
     kind = m.get("cpu_bf16_kind", "unknown")
     lines = [
@@ -251,7 +253,7 @@ def readme_block(report: dict[str, Any]) -> str:
         f"Latest run (`{s.get('command', 'python scripts/benchmark.py')}`, {report['total_wall_s']:.0f} s, "
         f"{m['cores']}-core **{m['cpu']}, CPU kind `{kind}`** (AMX: {'yes' if m.get('amx_bf16') else 'no'}), "
         f"torch {m['torch']}, accelerate {m['accelerate']}; the whole report, JSON and chart are in "
-        "[`docs/benchmark/`](docs/benchmark/benchmark.md)). *portable*: `scripts/train.py` launched as users launch "
+        f"[`docs/benchmark/`]({full_report})). *portable*: `scripts/train.py` launched as users launch "
         "it; *plain*: a hand-written loop with the same model, in-memory data, batch and threads, measured right "
         "before and after it. The breakdown is the plain loop's ms per step: data / forward+backward / optimizer / "
         "gradient all-reduce.",
@@ -272,15 +274,18 @@ def readme_block(report: dict[str, Any]) -> str:
     return "\n".join([*lines, README_END])
 
 
-def update_readme(path: Path, report: dict[str, Any]) -> None:
-    """Replace the block between the benchmark markers of ``path`` with :func:`readme_block`."""
+def update_readme(path: Path, report: dict[str, Any], report_dir: Path | None = None) -> None:
+    """Replace the block between the benchmark markers of ``path`` with :func:`readme_block`, its link to the
+    whole report (``report_dir/benchmark.md``, default ``docs/benchmark/``) relative to ``path``'s folder."""
     text = path.read_text()
     begin, end = text.find(README_BEGIN), text.find(README_END)
     if begin < 0 or end < begin:
         from accel_train.errors import UserError
 
         raise UserError(f"{path} has no '{README_BEGIN} ... {README_END}' block for --readme to replace")
-    path.write_text(text[:begin] + readme_block(report) + text[end + len(README_END) :])
+    target = Path(report_dir or Path("docs") / "benchmark").resolve() / "benchmark.md"
+    link = Path(os.path.relpath(target, Path(path).resolve().parent)).as_posix()
+    path.write_text(text[:begin] + readme_block(report, link) + text[end + len(README_END) :])
 
 
 def write_chart(report: dict[str, Any], path: Path) -> None:

@@ -270,6 +270,11 @@ def test_readme_block_is_rewritten_from_the_report(tmp_path):
     assert all(f"| {r['model']} | {r['setup']} |" in block for r in report["results"])
     update_readme(readme, report)  # idempotent: the markers survive
     assert readme.read_text() == text
+    page = tmp_path / "docs" / "performance.md"  # the link to the whole report is relative to the page
+    page.parent.mkdir()
+    page.write_text(f"{README_BEGIN} -->\n{README_END}\n")
+    update_readme(page, report, tmp_path / "docs" / "benchmark")
+    assert "[`docs/benchmark/`](benchmark/benchmark.md)" in page.read_text()
     readme.write_text("no markers\n")
     with pytest.raises(Exception, match="no '<!-- benchmark:begin"):
         update_readme(readme, report)

@@ -15,7 +15,8 @@ follow:
 * a global max-pool, a bias-free linear layer and logits scaled by 1/9.
 
 A pure module: no data, device or process logic. The parts airbench adds *around* the network (alternating
-flip, lookahead, multi-crop TTA, progressive freezing, torch.compile) are not reproduced: see the README.
+flip, lookahead, multi-crop TTA, progressive freezing, torch.compile) are not reproduced: see
+docs/accelerate-gaps.md (experiment configs).
 """
 
 from __future__ import annotations
