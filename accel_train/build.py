@@ -32,10 +32,10 @@ from accel_train.meters import StepTimer, Window
 from accel_train.metrics import load_metric
 from accel_train.models import check_model_name, create_model
 from accel_train.optim import build_optimizer, build_scheduler, replan_schedule
+from accel_train.plan_warnings import warn_about_run
 from accel_train.preprocess import describe_training_images
 from accel_train.resume import check_extension
 from accel_train.run_dir import ABANDONED, CONFIG, RunDir
-from accel_train.run_plan import warn_about_run
 from accel_train.runtime import Runtime, bf16_cpu_note, check_fsdp_batchnorm, configure_backends
 from accel_train.sync_bn import apply_sync_bn
 from accel_train.tracking import RunLogger, tracker_names
@@ -72,7 +72,7 @@ def build_trainer(
     total_steps = cfg.max_steps or steps_per_epoch * cfg.epochs
     warn_about_run(cfg, rt, splits, total_steps)  # settings that never fire in a run this short
     scheduler = _scheduler(cfg, optimizer.optimizer, total_steps)
-    install_unwrapped_weight_hooks(acc)  # nothing is registered for checkpointing: see checkpoint.verify
+    install_unwrapped_weight_hooks(acc)  # nothing is registered for checkpointing: see checkpoint.safe_load
     resolved = _resolved(acc, plan, lr, total_steps, steps_per_epoch, chosen)
     resolved["augment"] = splits.extra.get("augment")  # the description: random_crop(...)+hflip, or None
     meta = {"model_config": _model_config(cfg, splits), "config": cfg.to_dict(), "resolved": resolved}

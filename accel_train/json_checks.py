@@ -1,7 +1,7 @@
 """One-line checks of the JSON a run reads back (a checkpoint's ``progress.json``, an export's ``config.json``).
 
 :class:`Checker` raises one :class:`CheckpointError` line that names the file, the field, the problem and what
-to do. Used by ``checkpoint.validate`` (the checkpoint's own fields) and ``config.check_saved_config`` (the run
+to do. Used by ``checkpoint.metadata`` (the checkpoint's own fields) and ``config.check_saved_config`` (the run
 config a checkpoint carries): light, so the config imports it without the checkpoint package.
 """
 

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from accel_train.checkpoint.safe_load import PROGRESS_FILE
 from accel_train.checkpoint.state import read_progress, resolve_resume
-from accel_train.checkpoint.verify import PROGRESS_FILE
 from accel_train.config import TrainConfig, check_saved_config
 from accel_train.resume import finished_note, reconcile
 from accel_train.run_dir import SUMMARY, RunDir

@@ -20,7 +20,7 @@ from typing import Any
 from accel_train.errors import UserError
 from accel_train.fsio import writing
 from accel_train.run_dir import METRICS as METRICS_FILE
-from accel_train.runs import (  # noqa: F401 (compare_runs_table, read_metrics: the public API stays here too)
+from accel_train.run_records import (  # noqa: F401 (compare_runs_table, read_metrics: the public API stays here too)
     _default_label,
     _read_config,
     _read_summary,

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from accel_train.launch import child_env
+from accel_train.doctor.launching import child_env
 from benchmarks.setups import Setup
 
 

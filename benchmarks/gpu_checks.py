@@ -44,7 +44,7 @@ def _train(
     launch_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
 ) -> Step:  # fmt: skip
     """``scripts/train.py`` writing to ``work/<check>/<run or label>``: plainly on GPU 0, or launched."""
-    from accel_train.launch import script_cmd
+    from accel_train.doctor.launching import script_cmd
 
     out = ctx.work / check / (run or label)
     argv = script_cmd("train.py", *args, *FAST, "--output-dir", str(out), config=config, launch_args=launch_args)

@@ -45,7 +45,7 @@ def measure_resume(ctx, outputs, check) -> dict[str, Any]:
 def resume_measurements(
     straight: Path, resumed: Path, resumed_output: str, records: list[str], stop_at: int, steps: int
 ) -> dict[str, Any]:
-    from accel_train.checkpoint.verify import safe_torch_load
+    from accel_train.checkpoint.safe_load import safe_torch_load
 
     s, r = summary(straight), summary(resumed)
     m: dict[str, Any] = {"device": s.get("device"), "global_steps": [s.get("global_step"), r.get("global_step")]}
@@ -67,7 +67,7 @@ def resume_measurements(
 def rng_comparison(straight: Path, resumed: Path) -> dict[str, dict[str, bool]]:
     """For the CPU and the CUDA generator: did it advance between the straight run's last two checkpoints
     (something used it), and is it the same at the end of both runs (the resume restored it)?"""
-    from accel_train.checkpoint.verify import RNG_FILE, safe_torch_load
+    from accel_train.checkpoint.safe_load import RNG_FILE, safe_torch_load
 
     (_, before), (_, after) = checkpoints(straight)[-2:]
     resumed_last = checkpoints(resumed)[-1][1]

@@ -45,7 +45,7 @@ def is_not_run(status: str) -> bool:
 # ---- what a check is ------------------------------------------------------------------------------------------
 @dataclass
 class Step:
-    """One child process of a check; ``env`` is added to ``accel_train.launch.child_env()``.
+    """One child process of a check; ``env`` is added to ``accel_train.doctor.launching.child_env()``.
 
     ``must_succeed=False``: the judge reads the output whatever the exit code (pytest). ``refusals``: regular
     expressions; a failed step whose output matches one is torch refusing this setup on this machine, and the
@@ -152,7 +152,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def run_step(step: Step, log_path: Path, limit_s: float) -> StepOutput:
     """Run ``step`` with its output appended to ``log_path`` as it is printed; kill it after ``limit_s``."""
-    from accel_train.launch import child_env
+    from accel_train.doctor.launching import child_env
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:

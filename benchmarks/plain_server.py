@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from accel_train.launch import REPO, child_env
+from accel_train.doctor.launching import REPO, child_env
 from accel_train.run_dir import pid_alive
 from accel_train.runtime import available_cores
 from benchmarks.common import _load_json, _tail

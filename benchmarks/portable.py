@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from accel_train.launch import CONFIG_DIR, REPO, accelerate_launch, child_env
+from accel_train.doctor.launching import CONFIG_DIR, REPO, accelerate_launch, child_env
 from benchmarks.common import _load_json, _tail
 from benchmarks.devices import visible_devices
 from benchmarks.setups import (

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from accel_train.config import TrainConfig
-from accel_train.launch import REPO
+from accel_train.doctor.launching import REPO
 from accel_train.trainer import WARMUP_STEPS_EXCLUDED
 
 TRAIN_SCRIPT = REPO / "scripts" / "train.py"

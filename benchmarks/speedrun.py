@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from accel_train.launch import REPO
+from accel_train.doctor.launching import REPO
 
 RECIPE = REPO / "configs" / "airbench_cifar10.yaml"
 TARGET = 0.94

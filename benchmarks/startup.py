@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from accel_train.launch import REPO, child_env
-from accel_train.runs import read_metrics
+from accel_train.doctor.launching import REPO, child_env
+from accel_train.run_records import read_metrics
 from benchmarks.common import _load_json, _tail
 from benchmarks.setups import TRAIN_SCRIPT
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from accel_train.launch import REPO
+from accel_train.doctor.launching import REPO
 from benchmarks.common import _load_json, _tail
 from benchmarks.devices import one_gpu_env
 from benchmarks.setups import TRAIN_SCRIPT, BenchOptions

@@ -16,7 +16,7 @@ How: the tracked and untracked-not-ignored files of the working tree (so uncommi
 copied into a temporary folder; there, each mutant replaces its ``old`` snippet (which must occur exactly once
 in its file, else the mutant is "stale": the code moved and the list must follow) with ``new``, runs
 ``python3 -m pytest -x -q -p no:cacheprovider -rfE -n 0 <its tests>`` with the copy first on PYTHONPATH (the
-tests' child processes inherit it: ``accel_train.launch.child_env`` keeps PYTHONPATH), and puts the file back.
+tests' child processes inherit it: ``accel_train.doctor.launching.child_env`` keeps PYTHONPATH), and puts the file back.
 First the union of all the mutants' tests runs once unmutated (the baseline): a mutant "caught" by a test that
 already fails means nothing, so a failing baseline stops the check.
 

@@ -28,7 +28,7 @@ COMMON = [
 
 
 def _launch(args, config="multi_cpu.yaml", launch_args=()):
-    from accel_train.launch import script_cmd
+    from accel_train.doctor.launching import script_cmd
 
     return script_cmd("train.py", *args, config=config, launch_args=launch_args)
 
@@ -64,7 +64,7 @@ def soak_restarts(trials: int, work: Path, steps: int, seed: int) -> list[dict]:
     import signal
     import subprocess
 
-    from accel_train.launch import child_pids, wait_for_step
+    from accel_train.doctor.launching import child_pids, wait_for_step
 
     ref = work / "reference"
     subprocess.run(

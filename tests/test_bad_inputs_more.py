@@ -223,7 +223,7 @@ class _Recorder:
 
 def test_run_length_warnings():
     from accel_train.data.base import DataSplits
-    from accel_train.run_plan import run_length_warnings, warn_about_run
+    from accel_train.plan_warnings import run_length_warnings, warn_about_run
 
     cfg = parse_config(["--warmup-steps", "50", "--eval-every", "100", "--checkpoint-every", "200"])
     warnings = run_length_warnings(cfg, total_steps=40)
@@ -239,7 +239,7 @@ def test_run_length_warnings():
 
 
 def test_run_length_warnings_in_a_real_run(tmp_path, capsys):
-    """Needs ``build.py`` to call ``run_plan.warn_about_run`` once the run length is known."""
+    """Needs ``build.py`` to call ``plan_warnings.warn_about_run`` once the run length is known."""
     from accel_train.loop import fit
 
     fit(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, check
 
-from accel_train.launch import child_env
+from accel_train.doctor.launching import child_env
 from benchmarks import plain_server
 from benchmarks.bench import _cells
 from benchmarks.devices import one_gpu_env, precision_flags, tf32_mode, visible_devices

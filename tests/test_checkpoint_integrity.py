@@ -19,7 +19,7 @@ import pytest
 import torch
 from conftest import FAST, check, max_abs_diff, metrics, run_here, run_script, summary, weights
 
-from accel_train.checkpoint.verify import UnsafeCheckpointError, check_sharded_metadata, verify_checkpoint
+from accel_train.checkpoint.safe_load import UnsafeCheckpointError, check_sharded_metadata, verify_checkpoint
 from accel_train.config import parse_config
 from accel_train.errors import CheckpointError, UserError
 from accel_train.loop import fit

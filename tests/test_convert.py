@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 from test_bad_inputs import assert_one_line_error
 
 from accel_train.checkpoint.weights import export_weights, load_model, load_weights
+from accel_train.doctor.launching import child_env
 from accel_train.errors import UserError
-from accel_train.launch import child_env
 from accel_train.models import create_model
 
 # The README's API pattern: the model is defined in the script that trains it, so it lives in that run's __main__.

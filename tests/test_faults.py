@@ -11,7 +11,7 @@ import subprocess
 import pytest
 from conftest import FAST, REPO, _env, check, fit_here, launch_cmd, max_abs_diff, metrics, run_script, summary, weights
 
-from accel_train.launch import child_pids, wait_for_step
+from accel_train.doctor.launching import child_pids, wait_for_step
 
 FAULTY = "tests/fault_train.py"
 LENET = ["--model", "lenet", "--global-batch-size", "32", "--log-every", "1", *FAST]

@@ -385,7 +385,7 @@ def cpu_resume_runs(tmp_path_factory):
     resumed; and the same stop resumed from a checkpoint whose RNG state was swapped for a valid other one."""
     import torch
 
-    from accel_train.checkpoint.verify import RNG_FILE, safe_torch_load
+    from accel_train.checkpoint.safe_load import RNG_FILE, safe_torch_load
 
     root = tmp_path_factory.mktemp("cpu_resume")
     args = ["--model", "benchmarks.gpu_models:dropout_net", "--optimizer", "sgd", "--lr", "0.05", "--max-steps", "20"]

@@ -24,8 +24,8 @@ from conftest import FAST, REPO, _env, launch_cmd, run_here
 from datafiles import undecodable_png, write_image_folder
 from test_bad_inputs import assert_one_line_error, snapshot
 
+from accel_train.doctor.launching import child_pids, wait_for_step
 from accel_train.errors import PeerLostError, UserError, peer_lost
-from accel_train.launch import child_pids, wait_for_step
 
 LABEL_FIX = "--label-column"
 

@@ -22,8 +22,8 @@ from conftest import FAST, REPO, _env, check, fit_here, launch_cmd, max_abs_diff
 from test_wizard_configs import wizard_multi_cpu_config
 
 from accel_train import elastic
+from accel_train.doctor.launching import child_pids, wait_for_step
 from accel_train.errors import LaunchError
-from accel_train.launch import child_pids, wait_for_step
 from accel_train.runtime import check_launch
 
 PY = sys.executable

@@ -16,8 +16,8 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
 from accel_train.checkpoint.weights import load_model, load_weights
+from accel_train.doctor.launching import child_env
 from accel_train.errors import UserError
-from accel_train.launch import child_env
 from accel_train.models import check_model_name, create_model, min_image_size
 
 TINY = ["--max-steps", "3", "--checkpoint-epochs", "--no-plots"]

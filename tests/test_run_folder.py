@@ -21,7 +21,7 @@ import pytest
 from conftest import FAST, REPO, check, fit_here, launch_cmd, metrics, run_here, run_script, summary
 from datafiles import undecodable_png, write_image_folder
 
-from accel_train.launch import child_env, child_pids, wait_for_step
+from accel_train.doctor.launching import child_env, child_pids, wait_for_step
 from accel_train.run_dir import LOCK, REPLACED, RunDir, RunLock
 
 SHORT = [*FAST, "--max-steps", "12", "--checkpoint-every", "6"]

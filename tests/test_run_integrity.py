@@ -23,7 +23,7 @@ from conftest import FAST, REPO, SMALL_RUN, check, fit_here, launch_cmd, metrics
 from datafiles import undecodable_png, write_image_folder
 from test_run_folder import one_error, snapshot
 
-from accel_train.launch import child_env
+from accel_train.doctor.launching import child_env
 from accel_train.run_dir import DISCARD, REPLACED, RESTORING, RETURNING, STAGING, RunDir
 
 FIVE = [*SMALL_RUN, "--max-steps", "5", "--checkpoint-every", "5"]

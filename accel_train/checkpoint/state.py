@@ -6,7 +6,7 @@ Layout: ``OUTPUT_DIR/checkpoints/step_00000120/`` holds accelerate's state
 metric, model config, and the LR schedule's state as JSON). Progress is read
 from ``progress.json``, never from folder names.
 
-Resume never unpickles code: :mod:`accel_train.checkpoint.verify` opens every
+Resume never unpickles code: :mod:`accel_train.checkpoint.safe_load` opens every
 file of the folder safely (and refuses unknown ones) before accelerate reads
 it, and nothing is registered with ``register_for_checkpointing`` (accelerate
 loads such objects with ``weights_only=False``).
@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from accel_train.checkpoint.keys import strip_key
-from accel_train.checkpoint.validate import check_progress
-from accel_train.checkpoint.verify import PROGRESS_FILE, RNG_FILE, safe_torch_load, verify_checkpoint
+from accel_train.checkpoint.metadata import check_progress
+from accel_train.checkpoint.safe_load import PROGRESS_FILE, RNG_FILE, safe_torch_load, verify_checkpoint
 from accel_train.errors import CheckpointError, UserError
 from accel_train.fsio import WRITE_GUARD, tree_size, write_json_atomic, writing
 from accel_train.limits import check_regular_file
@@ -151,7 +151,7 @@ def resolve_resume(resume: str, run: Run) -> Path | None:
 
 
 def read_progress(path: str | Path) -> dict[str, Any]:
-    """``path/progress.json``, checked (``checkpoint.validate.check_progress``): one line if it is unusable."""
+    """``path/progress.json``, checked (``checkpoint.metadata.check_progress``): one line if it is unusable."""
     file = Path(path) / PROGRESS_FILE
     check_regular_file(file, "progress.json", CheckpointError)
     try:
@@ -187,7 +187,7 @@ def save_checkpoint(
     ``scheduler_state`` goes into ``progress.json`` as JSON (never a pickle);
     ``protect`` (the checkpoint this run resumed from) is never deleted by retention;
     ``tensors``: more files, ``{file name: {key: tensor}}``, written as safetensors by the main
-    process (``--ema``'s ``ema.safetensors``; ``checkpoint.verify`` must know each name).
+    process (``--ema``'s ``ema.safetensors``; ``checkpoint.safe_load`` must know each name).
     A full disk gives one line and leaves the previous checkpoint as it was.
     """
     run = RunDir.of(run)

@@ -1,7 +1,7 @@
-"""Load weights into a model (any source :mod:`accel_train.checkpoint.read` understands) and export them.
+"""Load weights into a model (any source :mod:`accel_train.checkpoint.sources` understands) and export them.
 
 The public API of the old single module is kept here: ``read_state_dict``, ``inspect_checkpoint`` and
-``unwrap_*`` are re-exported from :mod:`~accel_train.checkpoint.read` and :mod:`~accel_train.checkpoint.keys`.
+``unwrap_*`` are re-exported from :mod:`~accel_train.checkpoint.sources` and :mod:`~accel_train.checkpoint.keys`.
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from accel_train.checkpoint.keys import (
     unwrap_model,
     unwrap_state_dict,
 )
-from accel_train.checkpoint.read import (
+from accel_train.checkpoint.metadata import check_model_config
+from accel_train.checkpoint.sources import (
     _is_state_dict,
     _read_raw,
     _short,
     inspect_checkpoint,
     read_state_dict,
 )
-from accel_train.checkpoint.validate import check_model_config
 from accel_train.errors import CheckpointError, UserError
 from accel_train.fsio import atomic_write
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 
 from accel_train.cli import ArgumentParser, run_main  # light: no torch
-from accel_train.runs import X_AXES  # light: no torch
+from accel_train.run_records import X_AXES  # light: no torch
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -126,7 +126,7 @@ def _stand_ins(seen: dict[str, Any], validate) -> dict[str, Any]:
 
 def shell_environment(env: Environment) -> dict[str, str]:
     """This process's environment without launcher variables, with ``env``'s CUDA_VISIBLE_DEVICES."""
-    from accel_train.launch import child_env
+    from accel_train.doctor.launching import child_env
 
     shell = child_env()
     shell.pop("CUDA_VISIBLE_DEVICES", None)

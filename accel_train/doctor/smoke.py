@@ -73,8 +73,8 @@ def run_smoke(
 
     ``kept``: whether the run folder outlives the doctor (the report says so).
     """
+    from accel_train.doctor.launching import REPO, child_env, script_cmd
     from accel_train.errors import UserError
-    from accel_train.launch import REPO, child_env, script_cmd
 
     if not (REPO / "scripts" / "train.py").is_file():
         raise UserError(f"--smoke launches scripts/train.py of an accel_train checkout, not found in {REPO}")

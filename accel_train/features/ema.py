@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from accel_train.checkpoint.verify import EMA_WEIGHTS as EMA_FILE  # in a checkpoint folder, checked by verify
+from accel_train.checkpoint.safe_load import EMA_WEIGHTS as EMA_FILE  # in a checkpoint folder, checked by verify
 from accel_train.errors import CheckpointError
 
 

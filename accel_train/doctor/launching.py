@@ -1,7 +1,9 @@
-"""Command lines for ``accelerate launch`` and clean environments for child runs.
+"""Launching the repository's scripts as users do: ``accelerate launch`` command lines, clean environments for
+child runs, and watching a launched run (its steps, its ranks).
 
-Shared by the benchmark, the soak script and the tests, which all start the
-real scripts the way users do.
+The doctor's ``--smoke`` and its launch plan use it; so do the benchmark, ``scripts/soak.py`` and the tests,
+which all start the real scripts. It lives in the doctor's room, not on the training path: a run never imports
+it (``tests/test_packaging.py``). ``REPO``: the checkout the scripts are in.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 
 from accel_train.run_dir import METRICS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO / "accelerate_configs"
 _LAUNCHER_VARS = ("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "TORCHELASTIC_")
 
