@@ -27,10 +27,13 @@ from accel_train.data.pipeline import BatchNormalizer, BatchPlan, make_loader, p
 from accel_train.errors import CheckpointError
 from accel_train.features import TrainFeatures, use_keyed_dropout
 from accel_train.features.device_batch import AUTO, fit_device_batch
+from accel_train.features.finetune import freeze, frozen_names, head_lr_scales
 from accel_train.fsio import writing
 from accel_train.meters import StepTimer, Window
 from accel_train.metrics import load_metric
 from accel_train.models import check_model_name, create_model
+from accel_train.models.pretrained import PretrainedInfo, load_pretrained
+from accel_train.models.pretrained import describe as describe_pretrained
 from accel_train.optim import build_optimizer, build_scheduler, replan_schedule
 from accel_train.plan_warnings import warn_about_run
 from accel_train.preprocess import describe_training_images
@@ -66,7 +69,10 @@ def build_trainer(
     device_batch = None if cfg.max_device_batch == AUTO else cfg.max_device_batch  # auto: probed in _prepare
     plan = plan_batches(acc.num_processes, cfg.batch_size, cfg.grad_accum_steps, cfg.global_batch_size, device_batch)
     lr = cfg.lr * plan.global_batch / cfg.batch_size if cfg.scale_lr else cfg.lr
-    model, optimizer, train_dl, eval_dl, chosen, plan, feats = _prepare(cfg, rt, splits, plan, lr, given.get("model"))
+    pre = _pretrained_info(cfg, splits)  # before the normalisation is chosen: the weights bring their own
+    model, optimizer, train_dl, eval_dl, chosen, plan, feats = _prepare(
+        cfg, rt, splits, plan, lr, given.get("model"), pre, fresh=resume_path is None
+    )
     acc.gradient_accumulation_steps = plan.accum_steps
     steps_per_epoch = len(train_dl) // plan.accum_steps
     total_steps = cfg.max_steps or steps_per_epoch * cfg.epochs
@@ -75,7 +81,7 @@ def build_trainer(
     install_unwrapped_weight_hooks(acc)  # nothing is registered for checkpointing: see checkpoint.safe_load
     resolved = _resolved(acc, plan, lr, total_steps, steps_per_epoch, chosen)
     resolved["augment"] = splits.extra.get("augment")  # the description: random_crop(...)+hflip, or None
-    meta = {"model_config": _model_config(cfg, splits), "config": cfg.to_dict(), "resolved": resolved}
+    meta = {"model_config": _model_config(cfg, splits, pre), "config": cfg.to_dict(), "resolved": resolved}
     state = _resume(cfg, rt, resume_path, scheduler, plan, total_steps, feats) if resume_path else TrainState()
     _open_run_folder(cfg, rt, run_dir, resume_path, resolved)
     rt.print(  # before the progress bar exists, so the header does not end up on the bar's line
@@ -141,7 +147,45 @@ def _resolved(acc, plan: BatchPlan, lr: float, total_steps: int, steps_per_epoch
     }
 
 
-def _prepare(cfg: TrainConfig, rt: Runtime, splits: DataSplits, plan: BatchPlan, lr: float, model=None):
+def _pretrained_info(cfg: TrainConfig, splits: DataSplits) -> PretrainedInfo | None:
+    """--pretrained: what the weights bring; their input normalisation replaces the dataset's (recorded in the
+    export's config.json, so predict and eval normalise as the run did)."""
+    if cfg.pretrained is None:
+        return None
+    info = splits.info
+    pre = describe_pretrained(cfg.model, cfg.pretrained, info.in_channels, info.image_size, info.num_classes)
+    if pre.mean is not None and pre.std is not None:
+        splits.info = dataclasses.replace(info, mean=pre.mean, std=pre.std)
+    return pre
+
+
+def _load_pretrained(cfg: TrainConfig, rt: Runtime, model, pre: PretrainedInfo) -> None:
+    """--pretrained: the weights into the new model (a resume loads its checkpoint's instead)."""
+    rt.print(f"accel_train: --pretrained: {pre.source}")
+    for note in load_pretrained(model, cfg.model, cfg.pretrained, pre):
+        rt.print(f"accel_train: --pretrained: {note}")
+
+
+def _freeze(cfg: TrainConfig, rt: Runtime, model, pre: PretrainedInfo | None) -> None:
+    """--freeze: the chosen parameters out of the optimizer, their BatchNorm layers in eval mode."""
+    names = frozen_names(model, cfg.freeze, pre.head if pre else ())
+    kept = freeze(model, names)
+    rt.print(
+        f"accel_train: --freeze {cfg.freeze}: {len(names)} parameter tensors kept as loaded, "
+        f"{len(kept)} BatchNorm layers with their statistics"
+    )
+
+
+def _prepare(
+    cfg: TrainConfig,
+    rt: Runtime,
+    splits: DataSplits,
+    plan: BatchPlan,
+    lr: float,
+    model=None,
+    pre: PretrainedInfo | None = None,
+    fresh: bool = True,
+):
     """Model (identical init on every rank; or ``model``, the caller's), optimizer and loaders, prepared."""
     from accelerate.utils import set_seed
 
@@ -152,6 +196,8 @@ def _prepare(cfg: TrainConfig, rt: Runtime, splits: DataSplits, plan: BatchPlan,
     info = splits.info
     if model is None:
         model = create_model(cfg.model, info.num_classes, info.in_channels, info.image_size)
+        if pre is not None and fresh:
+            _load_pretrained(cfg, rt, model, pre)
     _init_from_data(model, splits)
     model, dropout = use_keyed_dropout(model, cfg.seed)  # masks keyed on the sample, the same on any setup
     conv = any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
@@ -162,13 +208,16 @@ def _prepare(cfg: TrainConfig, rt: Runtime, splits: DataSplits, plan: BatchPlan,
         plan = fit_device_batch(acc, model, plan, shape, dropout, even=cfg.mixup > 0 or cfg.cutmix > 0)
     if cfg.sync_bn:  # before DDP wrapping, which must see the synchronised layers
         model = apply_sync_bn(model, rt)
+    if cfg.freeze:  # after --sync-bn, which replaces BatchNorm layers
+        _freeze(cfg, rt, model, pre)
+    scales = head_lr_scales(model, pre.head, lr, cfg.head_lr) if cfg.head_lr and pre else {}
     if backends.channels_last:
         model = model.to(memory_format=torch.channels_last)
     features = TrainFeatures.for_run(cfg, model, dropout, acc)  # --ema copies the model here, before it is wrapped
     if features.mixer is not None:
         features.mixer.check_micro_batch(plan.micro_batch)
     model = rt.prepare_model(model)  # --compile happens inside prepare, after DDP wrapping (runtime)
-    optimizer = build_optimizer(model, lr, cfg.optimizer, cfg.weight_decay, cfg.momentum, cfg.nesterov)
+    optimizer = build_optimizer(model, lr, cfg.optimizer, cfg.weight_decay, cfg.momentum, cfg.nesterov, scales)
     workers = 0 if splits.in_memory else cfg.num_workers  # in-memory batches are one index op
     # in-memory splits that fit move to the GPU once: their batches are indexed and augmented there, unpinned
     on_device = place_on_device([splits.train, splits.test], acc.device, cfg.data_on_device)
@@ -209,7 +258,7 @@ def _scheduler(cfg: TrainConfig, optimizer, total_steps: int):
     return build_scheduler(optimizer, total_steps, *shape)
 
 
-def _model_config(cfg: TrainConfig, splits: DataSplits) -> dict[str, Any]:
+def _model_config(cfg: TrainConfig, splits: DataSplits, pre: PretrainedInfo | None) -> dict[str, Any]:
     """What an export's config.json needs to rebuild the model and its input normalisation."""
     info = splits.info
     return {
@@ -222,6 +271,7 @@ def _model_config(cfg: TrainConfig, splits: DataSplits) -> dict[str, Any]:
         "class_names": info.class_names,
         "dataset": cfg.dataset,
         "preprocess": describe_training_images(splits.train, cfg.dataset),  # what accel-predict does to images
+        **({"pretrained": pre.source} if pre is not None else {}),  # the weights it started from
     }
 
 

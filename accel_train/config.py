@@ -56,8 +56,25 @@ class TrainConfig:
     model: str = _f(
         "lenet",
         "model: mnist_cnn, lenet, resnet18, tv_resnet18; tv:NAME for any torchvision classifier (e.g. "
-        "tv:mobilenet_v3_small, random weights); package.module:callable for your own code, called as "
-        "callable(num_classes=, in_channels=, image_size=)",
+        "tv:mobilenet_v3_small, random weights unless --pretrained); package.module:callable for your own code, "
+        "called as callable(num_classes=, in_channels=, image_size=)",
+    )
+    pretrained: str | None = _f(
+        None,
+        "start a tv: model from pretrained weights: the flag alone (DEFAULT) for the architecture's default "
+        "weights (torchvision's cache under TORCH_HOME, else downloaded), a weights name (IMAGENET1K_V1), or a "
+        "local .pth/.safetensors file; the head is new for the data's classes (default: random weights)",
+        nargs="?",
+        const="DEFAULT",
+        metavar="WEIGHTS",
+    )
+    freeze: str | None = _f(
+        None,
+        "keep parameters as loaded: backbone (all but the new head, with --pretrained), or comma-separated "
+        "name patterns (e.g. 'conv1.*,layer1.*'); frozen BatchNorm layers keep their statistics (default: none)",
+    )
+    head_lr: float | None = _f(
+        None, "learning rate of the new head with --pretrained (the schedule scales it like --lr; default: --lr)"
     )
     dataset: str = same_as(DataConfig, "dataset")
     data_dir: str = same_as(DataConfig, "data_dir")
@@ -327,6 +344,21 @@ class TrainConfig:
             raise UserError("--nesterov needs --optimizer sgd with --momentum > 0")
         if self.ema is not None and not 0.0 < self.ema < 1.0:
             raise UserError(f"--ema is the decay of the average, between 0 and 1 (e.g. 0.999), got {self.ema}")
+        self._check_finetune()
+
+    def _check_finetune(self) -> None:
+        """--pretrained (a tv: model and weights it has), --freeze, --head-lr (features/finetune.py)."""
+        if self.pretrained is not None:
+            from accel_train.models.pretrained import check_spec  # torchvision: only when asked for
+
+            check_spec(self.model, self.pretrained)
+        if self.freeze == "backbone" and self.pretrained is None:
+            raise UserError("--freeze backbone needs --pretrained (the head is what the weights do not bring)")
+        if self.head_lr is not None:
+            if self.pretrained is None:
+                raise UserError("--head-lr sets the LR of the new head: pass it with --pretrained")
+            if not (self.head_lr > 0 and math.isfinite(self.head_lr)):
+                raise UserError(f"--head-lr must be a positive number, got {self.head_lr}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -414,7 +446,9 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
         if "choices" in f.metadata:
             kwargs["choices"] = f.metadata["choices"]
         elif typ is not bool:
-            kwargs["metavar"] = f.name.upper()
+            kwargs["metavar"] = f.metadata.get("metavar", f.name.upper())
+        if "nargs" in f.metadata:  # --pretrained alone means its const
+            kwargs.update(nargs=f.metadata["nargs"], const=f.metadata["const"])
         parser.add_argument(f"--{_flag(f.name)}", dest=f.name, **kwargs)
     return parser
 

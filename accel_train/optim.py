@@ -12,15 +12,19 @@ from accel_train.checkpoint.keys import unwrap_model
 from accel_train.schedule import DEFAULT_GAMMA, DEFAULT_MILESTONES, ScheduleFn, parse_milestones
 
 
-def param_groups(model: nn.Module, lr: float, weight_decay: float) -> list[dict]:
-    """The trainable parameters, in groups by the LR multiplier the model asks for (one group if none).
+def param_groups(
+    model: nn.Module, lr: float, weight_decay: float, scales: dict[str, float] | None = None
+) -> list[dict]:
+    """The trainable parameters, in groups by their LR multiplier (one group if none).
 
     A model may define ``lr_scales() -> {parameter name: multiplier}`` (e.g. ``airbench``: x64 for
-    BatchNorm biases). A scaled group gets ``lr * s`` and ``weight_decay / s``, so its decay per step
-    (lr x weight decay) stays that of the others: the multiplier speeds up learning, not shrinkage.
+    BatchNorm biases); ``scales`` adds the run's own (``--head-lr``: the head's, ``features/finetune.py``).
+    A scaled group gets ``lr * s`` and ``weight_decay / s``, so its decay per step (lr x weight decay) stays
+    that of the others: the multiplier speeds up learning, not shrinkage. Frozen parameters are left out.
     """
     inner = unwrap_model(model)
     named = inner.lr_scales() if callable(getattr(inner, "lr_scales", None)) else {}
+    named = {**named, **(scales or {})}
     by_id = {id(p): float(named[name]) for name, p in inner.named_parameters() if name in named}
     groups: dict[float, list[nn.Parameter]] = {}
     for p in model.parameters():  # the wrapper's: FSDP's flat parameters are not the inner module's
@@ -36,9 +40,10 @@ def build_optimizer(
     weight_decay: float = 0.0,
     momentum: float = 0.0,
     nesterov: bool = False,
+    scales: dict[str, float] | None = None,
 ) -> torch.optim.Optimizer:
     """``optimizer`` (sgd, adam, adamw) over ``model``'s trainable parameters (``param_groups``)."""
-    groups = param_groups(model, lr, weight_decay)
+    groups = param_groups(model, lr, weight_decay, scales)
     if optimizer == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov)
     # fused kernels (CPU and CUDA): one pass over each tensor instead of a chain of foreach ops;

@@ -105,7 +105,7 @@ def build(name: str, num_classes: int, in_channels: int, image_size: int) -> nn.
     return adapt_in_channels(model, in_channels)
 
 
-def _meta_build(name: str, num_classes: int, in_channels: int, image_size: int) -> nn.Module:
+def meta_build(name: str, num_classes: int, in_channels: int, image_size: int) -> nn.Module:
     """``build`` with every parameter and buffer on the meta device (nothing allocated, nothing initialised)."""
     from accelerate import init_empty_weights
 
@@ -122,7 +122,7 @@ def _error(name: str, size: int, model: nn.Module | None = None) -> str | None:
     """Why ``name`` cannot take ``size``x``size`` images (None when it can): a forward pass on the meta device."""
     try:
         if model is None or _step(name) > 1:  # size-dependent constructors are rebuilt for each size
-            model = _meta_build(name, 10, 3, size)
+            model = meta_build(name, 10, 3, size)
         with torch.no_grad():
             model(torch.empty(2, model_in_channels(model), size, size, device="meta"))
     except _PROBE_ERRORS as exc:
@@ -139,7 +139,7 @@ def model_in_channels(model: nn.Module) -> int:
 def min_image_size(name: str) -> int:
     """The smallest side ``name`` takes, searched with meta-device forwards (cached per name)."""
     step = _step(name)
-    model = None if step > 1 else _meta_build(name, 10, 3, 224)
+    model = None if step > 1 else meta_build(name, 10, 3, 224)
     lo, hi = 1, MAX_PROBE // step
     if _error(name, hi * step, model) is not None:
         return 224  # nothing sensible found: the size torchvision's models are made for
@@ -156,7 +156,7 @@ def check_fits(name: str, num_classes: int, in_channels: int, image_size: int, m
     """One-line UserErrors for an image size the architecture cannot take, or a model over ``max_params``."""
     spec, size = PREFIX + name, image_size
     try:
-        model = _meta_build(name, num_classes, in_channels, size)
+        model = meta_build(name, num_classes, in_channels, size)
     except _PROBE_ERRORS:
         model = None  # a constructor that refuses the size (ViT: not a multiple of the patch)
     if model is None or _error(name, size, model) is not None:

@@ -1,0 +1,200 @@
+"""``--pretrained``: start a ``tv:NAME`` model from torchvision's weights or a local file.
+
+``DEFAULT`` (the flag without a value) is the architecture's default weights, a name such as ``IMAGENET1K_V1``
+one of its weights enum, and anything else a local ``.pth``/``.pt``/``.safetensors`` file, read safely (tensors
+only, ``checkpoint.sources``). torchvision's own loader and cache are used: a file already in
+``$TORCH_HOME/hub/checkpoints/`` is used as it is (offline machines), else it is downloaded as torchvision does;
+a file that is neither there nor downloadable is one line naming where to put it.
+
+The weights are copied into the model the run built for its data (:func:`load_pretrained`):
+
+* tensors whose shape depends on the number of classes (the head) keep their fresh initialisation when the
+  dataset's classes differ from the weights' (found by building the architecture twice on the meta device);
+* a first convolution for 1 input channel gets the RGB filters summed (what a gray image replicated into 3
+  channels would give), for more than 3 channels the filters repeated and scaled by 3/C (as timm does);
+* every other tensor must fit exactly: anything else is one line naming the first tensors that do not.
+
+Pure model code: no devices, processes or configs; the loop decides what to freeze (``features/finetune.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import torch
+import torch.nn as nn
+
+from accel_train.errors import UserError
+from accel_train.models import tv
+
+DEFAULT = "DEFAULT"
+_FILE_SUFFIXES = (".pth", ".pt", ".safetensors", ".bin", ".ckpt")
+
+
+@dataclass(frozen=True)
+class PretrainedInfo:
+    """What the weights bring besides their tensors: where from, their input normalisation, their head."""
+
+    source: str  # the weights enum (e.g. ResNet18_Weights.IMAGENET1K_V1) or the file
+    mean: tuple[float, ...] | None  # per input channel of the model (None: the weights do not say)
+    std: tuple[float, ...] | None
+    crop_size: int | None  # the image side the weights were trained at
+    head: tuple[str, ...]  # parameter names whose shape follows the number of classes
+
+
+def is_file_spec(spec: str) -> bool:
+    return os.sep in spec or "/" in spec or spec.endswith(_FILE_SUFFIXES)
+
+
+def check_spec(model: str, spec: str) -> None:
+    """``--pretrained`` names weights ``model`` has (a one-line UserError otherwise); nothing is loaded."""
+    if not model.startswith(tv.PREFIX):
+        raise UserError(
+            f"--pretrained works with torchvision models (--model tv:NAME), not {model!r}; for your own model, "
+            "load its weights in your code before accel_train.train(model, ...)"
+        )
+    if is_file_spec(spec):
+        if not Path(spec).is_file():
+            raise UserError(f"--pretrained {spec}: no such file; pass a .pth or .safetensors file, or DEFAULT")
+        return
+    _weights_enum(model.removeprefix(tv.PREFIX), spec)
+
+
+def _weights_enum(name: str, spec: str):
+    import torchvision.models as tvm
+
+    try:
+        enum = tvm.get_model_weights(name)
+    except (ValueError, KeyError):
+        raise UserError(f"--pretrained: torchvision has no weights for tv:{name}; pass a weights file") from None
+    if spec == DEFAULT:
+        return enum.DEFAULT
+    short = spec.rpartition(".")[2]  # ResNet18_Weights.IMAGENET1K_V1 or IMAGENET1K_V1
+    if short not in enum.__members__:
+        known = ", ".join(enum.__members__)
+        raise UserError(f"--pretrained {spec}: tv:{name} has the weights {known} (or DEFAULT, or a file)")
+    return enum[short]
+
+
+def cache_path(weights) -> Path:
+    """Where torchvision keeps ``weights`` (``$TORCH_HOME/hub/checkpoints/<file of the URL>``)."""
+    return Path(torch.hub.get_dir()) / "checkpoints" / Path(urlparse(weights.url).path).name
+
+
+def _enum_state_dict(weights) -> dict[str, torch.Tensor]:
+    path = cache_path(weights)
+    try:
+        return weights.get_state_dict(progress=False, check_hash=True)
+    except (OSError, RuntimeError, ValueError) as exc:  # URLError is an OSError; a damaged file a RuntimeError
+        why = " ".join(str(exc).split())[:120]
+        raise UserError(
+            f"--pretrained {weights}: {path} is missing or unreadable and the download failed ({why}); download "
+            f"{weights.url} on a machine with network and copy it to {path} (TORCH_HOME sets the folder), or pass "
+            "--pretrained PATH"
+        ) from None
+
+
+def _file_state_dict(path: str) -> dict[str, torch.Tensor]:
+    from accel_train.checkpoint.sources import read_state_dict  # safetensors or torch.load(weights_only=True)
+
+    state_dict, _ = read_state_dict(path)
+    return state_dict
+
+
+@functools.lru_cache(maxsize=16)
+def head_names(name: str, in_channels: int, image_size: int, num_classes: int) -> tuple[str, ...]:
+    """The tensors of ``tv:name`` whose shape follows the number of classes (meta device: nothing allocated)."""
+    shapes = {
+        k: tuple(v.shape) for k, v in tv.meta_build(name, num_classes, in_channels, image_size).state_dict().items()
+    }
+    other = tv.meta_build(name, num_classes + 1, in_channels, image_size).state_dict()
+    return tuple(k for k, v in other.items() if shapes.get(k) != tuple(v.shape))
+
+
+def describe(model: str, spec: str, in_channels: int, image_size: int, num_classes: int) -> PretrainedInfo:
+    """What ``--pretrained spec`` brings for ``model`` on this data, without reading the tensors."""
+    name = model.removeprefix(tv.PREFIX)
+    head = head_names(name, in_channels, image_size, num_classes)
+    source, weights = spec, None
+    if not is_file_spec(spec):
+        weights = _weights_enum(name, spec)
+        source = f"{type(weights).__name__}.{weights.name}"
+    else:  # a file: the normalisation of the architecture's default weights, the convention it was trained with
+        try:
+            weights = _weights_enum(name, DEFAULT)
+        except UserError:
+            weights = None
+    transforms = weights.transforms() if weights is not None else None
+    mean, std = getattr(transforms, "mean", None), getattr(transforms, "std", None)
+    crop = getattr(transforms, "crop_size", None)
+    return PretrainedInfo(
+        source=source,
+        mean=_per_channel(mean, in_channels),
+        std=_per_channel(std, in_channels),
+        crop_size=int(crop[0]) if crop else None,
+        head=head,
+    )
+
+
+def _per_channel(values, channels: int) -> tuple[float, ...] | None:
+    """RGB statistics for a model of ``channels`` inputs: as they are for 3, their average for another count."""
+    if not values:
+        return None
+    values = [float(v) for v in values]
+    if channels == len(values):
+        return tuple(values)
+    return tuple([sum(values) / len(values)] * channels)
+
+
+def load_pretrained(model: nn.Module, name: str, spec: str, info: PretrainedInfo) -> list[str]:
+    """Copy the weights ``spec`` names into ``model`` (``tv:name``, built for the data); returns notes.
+
+    The head keeps its fresh initialisation where its shape differs; a first convolution is adapted to the
+    model's input channels (module docstring). Any other tensor that does not fit is a one-line UserError.
+    """
+    arch = name.removeprefix(tv.PREFIX)
+    source = _file_state_dict(spec) if is_file_spec(spec) else _enum_state_dict(_weights_enum(arch, spec))
+    target = model.state_dict()
+    loaded, fresh, notes = {}, [], []
+    for key, value in target.items():
+        got = source.get(key)
+        if got is not None and got.shape == value.shape:
+            loaded[key] = got
+        elif got is not None and _is_first_conv(key, got, value):
+            loaded[key] = adapt_first_conv(got, value.shape[1])
+            notes.append(f"{key}: {got.shape[1]} input channels adapted to {value.shape[1]}")
+        elif key in info.head:
+            fresh.append(key)
+        else:
+            shown = "missing" if got is None else f"{tuple(got.shape)}, the model has {tuple(value.shape)}"
+            raise UserError(
+                f"--pretrained {info.source}: tensor {key} is {shown}; the weights do not fit this architecture "
+                "(pass weights of the same tv: model)"
+            )
+    model.load_state_dict({**target, **loaded})
+    if fresh:
+        notes.append(f"new head for the data's classes: {', '.join(fresh)}")
+    return notes
+
+
+def _is_first_conv(key: str, got: torch.Tensor, want: torch.Tensor) -> bool:
+    return (
+        got.dim() == 4
+        and want.dim() == 4
+        and got.shape[1] == 3
+        and got.shape[0] == want.shape[0]
+        and (got.shape[2:] == want.shape[2:])
+    )
+
+
+def adapt_first_conv(weight: torch.Tensor, channels: int) -> torch.Tensor:
+    """RGB filters ``[out, 3, k, k]`` for ``channels`` inputs: summed for 1 (a gray image in 3 channels gives the
+    same response), repeated and scaled by 3/channels for more (as timm's ``adapt_input_conv``)."""
+    if channels == 1:
+        return weight.sum(dim=1, keepdim=True)
+    repeats = -(-channels // 3)
+    return weight.repeat(1, repeats, 1, 1)[:, :channels] * (3 / channels)
