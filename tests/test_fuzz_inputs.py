@@ -29,7 +29,7 @@ from accel_train.flags import field_type
 RNG_SEED = 0
 
 # the lower bound of every int field (all have one), and the floats that must be > 0 rather than >= 0
-_POSITIVE_FLOATS = {"lr", "lr_gamma", "dist_timeout", "val_split"}
+_POSITIVE_FLOATS = {"lr", "lr_gamma", "dist_timeout", "val_split", "head_lr"}
 _FREE_TEXT = {"data_dir", "output_dir", "image_column", "label_column"}  # any non-empty text without NUL is valid
 
 
@@ -73,6 +73,10 @@ def _str_values(f, rng: random.Random) -> list[Any]:
         values += [f"/no/such/{_junk(rng)}/step_1"]
     elif f.name == "lr_milestones":
         values += ["0.75,0.5", "1.5", f"{_junk(rng)}", "0.5,nan", ","]
+    elif f.name == "pretrained":  # the default model is lenet: weights for a tv: model only, and ones that exist
+        values += ["DEFAULT", f"/no/such/{_junk(rng)}.pth", f"{_junk(rng)}_V1"]
+    elif f.name == "freeze":
+        values += ["backbone"]  # without --pretrained (a pattern is checked against the built model)
     else:
         assert f.name in _FREE_TEXT, f"new text field {f.name}: say which of its values are invalid"
     return values
