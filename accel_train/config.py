@@ -34,16 +34,6 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("cosine", "constant", "linear", "step")
 
 
-class _TrackerChoices(tuple):
-    """``--report-to``'s own names, as ``--help`` lists them. argparse lets every text through (``in`` is
-    true), because the flag also takes comma-separated lists and any of accelerate's trackers:
-    ``validate`` checks it (``tracking.tracker_names``), with a message that names them all."""
-
-    def __contains__(self, value: object) -> bool:
-        return isinstance(value, str)
-
-
-REPORT_TO = _TrackerChoices(("tensorboard", "csv", "none", "all"))
 TTA = ("none", "flip")
 
 
@@ -155,9 +145,10 @@ class TrainConfig:
     overwrite: bool = _f(False, "replace an existing run in --output-dir", resume=ATTEMPT)
     report_to: str = _f(
         "tensorboard",
-        "trackers besides metrics.jsonl (all: tensorboard and csv), or any of accelerate's trackers (mlflow, "
-        "wandb, aim, ...: their package installed); several comma-separated, e.g. csv,mlflow",
-        choices=REPORT_TO,
+        "trackers besides metrics.jsonl: tensorboard, csv, all (tensorboard and csv), none, or any of accelerate's "
+        "trackers (mlflow, wandb, aim, comet_ml, clearml, dvclive, swanlab, trackio, ...: their package installed); "
+        "several comma-separated, e.g. csv,mlflow",
+        metavar="TRACKERS",
         resume=SAFE,
     )
     progress: bool = _f(True, "progress bars (plain lines when stdout is not a TTY)", resume=SAFE)

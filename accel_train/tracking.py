@@ -147,6 +147,12 @@ def _tracker(name: str, run_dir: Path, mlruns: Path):
     return cls(PROJECT, **kwargs)
 
 
+def tracker_tag(event: str, name: str) -> str:
+    """A metric's name in the trackers: ``<event>/<name>`` (``eval_loss`` of an eval record is ``eval/loss``),
+    so TensorBoard groups a run's train and eval curves alike; ``metrics.jsonl`` keeps the record's own keys."""
+    return f"{event}/{name.removeprefix(event + '_')}"
+
+
 class RunLogger:
     """metrics.jsonl + trackers + progress bar / plain lines, main process only."""
 
@@ -188,9 +194,8 @@ class RunLogger:
     def log(self, event: str, step: int, epoch: int, values: dict[str, float]) -> None:
         """Record, send to trackers and display one set of metrics (call on every rank)."""
         self.event(event, step, epoch, **values)
-        if self.use_trackers:
-            prefix = "" if event == "eval" else f"{event}/"
-            self.accelerator.log({f"{prefix}{k}": v for k, v in values.items()}, step=step)
+        if self.use_trackers:  # one naming in every tracker: train/loss, eval/loss, eval/ema_accuracy, ...
+            self.accelerator.log({tracker_tag(event, k): v for k, v in values.items()}, step=step)
         if not self.is_main:
             return
         if self.bar is not None and event == "train":

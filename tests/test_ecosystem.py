@@ -156,9 +156,9 @@ def test_report_to_mlflow_logs_the_run_into_the_run_folder(tmp_path, monkeypatch
     def same(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> bool:  # pytest >= 9.1: no nested approx
         return [s for s, _ in a] == [s for s, _ in b] and [v for _, v in a] == pytest.approx([v for _, v in b])
 
-    assert evals and same(logged("eval_accuracy"), evals)
+    assert evals and same(logged("eval/accuracy"), evals)
     assert [s for s, _ in trains] == [3, 6] and same(logged("train/loss"), trains)
-    assert "eval_accuracy" in (out / "metrics.csv").read_text().splitlines()[0]
+    assert "eval/accuracy" in (out / "metrics.csv").read_text().splitlines()[0]
     assert not (out / "tb").exists() and not (REPO / "mlruns").exists()
 
 

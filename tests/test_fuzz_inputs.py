@@ -75,6 +75,8 @@ def _str_values(f, rng: random.Random) -> list[Any]:
         values += ["0.75,0.5", "1.5", f"{_junk(rng)}", "0.5,nan", ","]
     elif f.name == "pretrained":  # the default model is lenet: weights for a tv: model only, and ones that exist
         values += ["DEFAULT", f"/no/such/{_junk(rng)}.pth", f"{_junk(rng)}_V1"]
+    elif f.name == "report_to":  # any of accelerate's trackers, comma-separated; 'none' alone
+        values += [f"{_junk(rng)}{rng.randint(0, 99)}", "none,csv", "csv,,tensorboard"]
     elif f.name == "freeze":
         values += ["backbone"]  # without --pretrained (a pattern is checked against the built model)
     else:

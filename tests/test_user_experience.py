@@ -168,16 +168,16 @@ def test_tensorboard_default_tracker(default_run):
     acc = EventAccumulator(str(tb))
     acc.Reload()
     tags = acc.Tags()["scalars"]
-    assert "train/loss" in tags and "eval_accuracy" in tags, tags
+    assert "train/loss" in tags and "eval/accuracy" in tags and "eval_accuracy" not in tags, tags
     records = metrics(out)
     train_steps = [r["step"] for r in records if r["event"] == "train"]
     eval_steps = [r["step"] for r in records if r["event"] == "eval"]
     assert [e.step for e in acc.Scalars("train/loss")] == train_steps
-    assert [e.step for e in acc.Scalars("eval_accuracy")] == eval_steps
+    assert [e.step for e in acc.Scalars("eval/accuracy")] == eval_steps
     assert train_steps[0] == 10 and all(s % 10 == 0 for s in train_steps)  # default --log-every 10
     assert eval_steps[-1] == summary(out)["global_step"]
     last_eval = next(r for r in reversed(records) if r["event"] == "eval")
-    assert acc.Scalars("eval_accuracy")[-1].value == pytest.approx(last_eval["eval_accuracy"], rel=1e-6)
+    assert acc.Scalars("eval/accuracy")[-1].value == pytest.approx(last_eval["eval_accuracy"], rel=1e-6)
     assert not (out / "metrics.csv").exists()
 
 
@@ -187,7 +187,7 @@ def test_report_to_csv(plain_run):
         rows = list(csv.DictReader(fh))
     header = list(rows[0])
     assert header[0] == "step" and any("loss" in col for col in header), header
-    assert "train/loss" in header and "eval_accuracy" in header, header
+    assert "train/loss" in header and "eval/accuracy" in header, header
     assert [int(r["step"]) for r in rows if r["train/loss"]] == [5, 10]
     assert not (out / "tb").exists()
     assert (out / "metrics.jsonl").is_file()
