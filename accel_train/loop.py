@@ -65,7 +65,7 @@ def _fit(cfg: TrainConfig, run_dir: RunDir, t_launch: float, model, splits) -> d
 
     rt = build_runtime(cfg, log_with=trackers_for(cfg.report_to, run_dir) or None, project_dir=run_dir.path)
     try:
-        return build_trainer(cfg, rt, run_dir, resume_path, changes, model=model, splits=splits).fit(t_launch)
+        return build_trainer(cfg, rt, run_dir, resume_path, changes, model=model, splits=splits).run(t_launch)
     except BaseException:
         if rt.is_main and run_dir.restore_replaced():  # only the lock's holder that staged the run
             print(

@@ -1,4 +1,5 @@
-"""The training loop as a ``Trainer``: ``fit`` drives ``train_epoch``, ``evaluate`` and ``checkpoint``.
+"""The training loop as a ``Trainer``: ``run`` drives ``train_epoch`` (one ``step`` per micro-batch), ``evaluate``
+and ``checkpoint``.
 
 Written once against ``accelerate.Accelerator``; the launcher and its config decide
 whether it runs on one CPU, one GPU, DataParallel, DDP or many machines. Everything
@@ -125,7 +126,7 @@ class Trainer:
         return state.epoch - 1 if state.step_in_epoch == 0 and state.global_step > 0 else state.epoch
 
     # ---- running -------------------------------------------------------------------------------------------
-    def fit(self, t_launch: float) -> dict[str, Any]:
+    def run(self, t_launch: float) -> dict[str, Any]:
         """Train to ``total_steps`` (or a stop), then evaluate, export and summarise; returns the summary."""
         state, cfg = self.state, self.cfg
         epochs = math.ceil(self.total_steps / self.steps_per_epoch)

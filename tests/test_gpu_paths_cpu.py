@@ -90,9 +90,9 @@ def _build(out: Path, *args: str, scaler: torch.amp.GradScaler | None = None):
 
 
 def _fit(trainer) -> dict:
-    """``Trainer.fit`` and the lock release that ``loop.fit`` does around it."""
+    """``Trainer.run`` and the lock release that ``loop.fit`` does around it."""
     try:
-        return trainer.fit(0.0)
+        return trainer.run(0.0)
     finally:
         trainer.run_dir.lock.release()
 

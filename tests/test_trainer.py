@@ -76,6 +76,6 @@ def test_a_signal_stops_at_the_next_step_boundary(tmp_path):
     assert trainer.stop_requested() is None
     trainer.stop_signal = signal.SIGTERM  # what the handler records
     assert trainer.stop_requested() == "received SIGTERM"
-    summary = trainer.fit(0.0)
+    summary = trainer.run(0.0)
     assert summary == {"stopped": "received SIGTERM", "global_step": 1, "exit_code": 143}
     assert _checkpoint_steps(tmp_path / "run") == [1]
