@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from accel_train.checkpoint.branch import abandon_after, newer_checkpoints
+from accel_train.checkpoint.sources import read_state_dict
 from accel_train.checkpoint.state import (
     TrainState,
     install_unwrapped_weight_hooks,
@@ -32,7 +33,7 @@ from accel_train.fsio import writing
 from accel_train.meters import StepTimer, Window
 from accel_train.metrics import load_metric
 from accel_train.models import check_model_name, create_model
-from accel_train.models.pretrained import PretrainedInfo, load_pretrained
+from accel_train.models.pretrained import PretrainedInfo, is_file_spec, load_pretrained
 from accel_train.models.pretrained import describe as describe_pretrained
 from accel_train.optim import build_optimizer, build_scheduler, replan_schedule
 from accel_train.plan_warnings import warn_about_run
@@ -162,7 +163,8 @@ def _pretrained_info(cfg: TrainConfig, splits: DataSplits) -> PretrainedInfo | N
 def _load_pretrained(cfg: TrainConfig, rt: Runtime, model, pre: PretrainedInfo) -> None:
     """--pretrained: the weights into the new model (a resume loads its checkpoint's instead)."""
     rt.print(f"accel_train: --pretrained: {pre.source}")
-    for note in load_pretrained(model, cfg.model, cfg.pretrained, pre):
+    from_file = read_state_dict(cfg.pretrained)[0] if is_file_spec(cfg.pretrained) else None  # never unpickles code
+    for note in load_pretrained(model, cfg.model, cfg.pretrained, pre, from_file):
         rt.print(f"accel_train: --pretrained: {note}")
 
 

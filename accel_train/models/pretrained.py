@@ -1,9 +1,10 @@
 """``--pretrained``: start a ``tv:NAME`` model from torchvision's weights or a local file.
 
 ``DEFAULT`` (the flag without a value) is the architecture's default weights, a name such as ``IMAGENET1K_V1``
-one of its weights enum, and anything else a local ``.pth``/``.pt``/``.safetensors`` file, read safely (tensors
-only, ``checkpoint.sources``). torchvision's own loader and cache are used: a file already in
-``$TORCH_HOME/hub/checkpoints/`` is used as it is (offline machines), else it is downloaded as torchvision does;
+one of its weights enum, and anything else a local ``.pth``/``.pt``/``.safetensors`` file, read safely by the
+caller (tensors only, ``checkpoint.sources``: the checkpoint package sits above the models). torchvision's own
+loader and cache are used: a file already in ``$TORCH_HOME/hub/checkpoints/`` is used as it is (offline
+machines), else it is downloaded as torchvision does;
 a file that is neither there nor downloadable is one line naming where to put it.
 
 The weights are copied into the model the run built for its data (:func:`load_pretrained`):
@@ -98,13 +99,6 @@ def _enum_state_dict(weights) -> dict[str, torch.Tensor]:
         ) from None
 
 
-def _file_state_dict(path: str) -> dict[str, torch.Tensor]:
-    from accel_train.checkpoint.sources import read_state_dict  # safetensors or torch.load(weights_only=True)
-
-    state_dict, _ = read_state_dict(path)
-    return state_dict
-
-
 @functools.lru_cache(maxsize=16)
 def head_names(name: str, in_channels: int, image_size: int, num_classes: int) -> tuple[str, ...]:
     """The tensors of ``tv:name`` whose shape follows the number of classes (meta device: nothing allocated)."""
@@ -150,14 +144,18 @@ def _per_channel(values, channels: int) -> tuple[float, ...] | None:
     return tuple([sum(values) / len(values)] * channels)
 
 
-def load_pretrained(model: nn.Module, name: str, spec: str, info: PretrainedInfo) -> list[str]:
+def load_pretrained(
+    model: nn.Module, name: str, spec: str, info: PretrainedInfo, from_file: dict[str, torch.Tensor] | None = None
+) -> list[str]:
     """Copy the weights ``spec`` names into ``model`` (``tv:name``, built for the data); returns notes.
 
-    The head keeps its fresh initialisation where its shape differs; a first convolution is adapted to the
-    model's input channels (module docstring). Any other tensor that does not fit is a one-line UserError.
+    ``from_file``: the state dict of a weights file (``spec`` a path), read by the caller with the checkpoint
+    package's safe reader; torchvision's weights are read here. The head keeps its fresh initialisation where its
+    shape differs; a first convolution is adapted to the model's input channels (module docstring). Any other
+    tensor that does not fit is a one-line UserError.
     """
     arch = name.removeprefix(tv.PREFIX)
-    source = _file_state_dict(spec) if is_file_spec(spec) else _enum_state_dict(_weights_enum(arch, spec))
+    source = from_file if from_file is not None else _enum_state_dict(_weights_enum(arch, spec))
     target = model.state_dict()
     loaded, fresh, notes = {}, [], []
     for key, value in target.items():
