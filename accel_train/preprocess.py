@@ -1,23 +1,32 @@
-"""The preprocessing a model was trained with, recorded at export and applied to real images by ``accel-predict``.
+"""How ``accel-predict`` prepares an image file: as the model's training images were, plus only the steps an
+image provably needs. Recorded at export in ``config.json["preprocess"]`` by :func:`describe_training_images`.
 
-At export, :func:`describe_training_images` writes ``config.json["preprocess"]`` from a sample of the
-training images:
+The training pipeline, applied to every image (``as_trained`` steps):
 
-* ``background``: the most common intensity in [0, 1] (most pixels of a digit or a drawing are background);
-  it fixes the colour polarity the model knows (MNIST: light ink on a dark background);
-* ``fit``: how an image of any shape becomes ``image_size`` x ``image_size``: ``pad`` (aspect kept, padded
-  with the image's own border colour), ``stretch`` (resized to a square, as image-folder and Hub datasets
-  are at training time) or ``digit`` (MNIST-style centring, for ``digits`` and ``mnist``);
-* ``digit`` only: ``box``, the side of the digit's bounding box as a fraction of the image side
-  (MNIST: 20/28; scikit-learn's digits fill the height: 1.0). The digit is scaled, aspect kept, so its
-  longer side fills that box, then placed with its centre of mass at the centre, as MNIST was made.
+* read as the dataset builders read files: EXIF orientation applied, converted to ``L`` or ``RGB``;
+* resized to ``image_size`` x ``image_size`` with the resampler the training data went through: PIL bilinear for
+  ``fit: stretch`` (image folders and Hub datasets, :func:`~accel_train.data.folder.image_to_chw`), torch's
+  antialiased bilinear for in-memory datasets (:func:`~accel_train.data.vision.resize_uint8`);
+* normalised with the config's ``mean``/``std`` (by the caller, as the loop does: ``BatchNormalizer``).
 
-:func:`prepare_image` then gives an input of another polarity, size or framing the look of the training
-data: a photo of black ink on white paper is inverted for a model trained on MNIST.
+An image that already looks like the training images gets nothing else, so ``accel-predict`` and ``accel-evaluate``
+give the same answers on the same files. Only what the record proves is added:
+
+* ``invert``: when every sampled training image's border (the median of its outermost pixels) was near one end of
+  the range (``border: [lo, hi]`` within 0.25 of black or of white) and this image's border is near the other end:
+  no training image looked like it, and inverted it looks like all of them (a black-on-white drawing for MNIST).
+  Exports written before ``border`` was recorded never invert, except for the digit datasets in :data:`KNOWN`;
+* ``frame``, for ``fit: digit`` (``digits``, ``mnist``): the digit's bounding box scaled into ``box`` of the field
+  and centred by its centre of mass (MNIST) or its box, as the training digits were made, unless the image is
+  already ``image_size`` square with its ink box and centre inside what the training digits had (``box_range``,
+  ``offset``, fractions of the side);
+* ``pad``, for ``fit: pad`` (in-memory datasets of square images): a non-square image is centred on a square of its
+  own border colour before the resize, instead of being squeezed.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -26,18 +35,38 @@ import torch.nn.functional as F
 from accel_train.errors import CheckpointError
 
 DIGIT_DATASETS = ("digits", "mnist")
-STRETCHED = ("imagefolder:", "hf:")  # datasets whose builders resize every image to a square
+STRETCHED = ("imagefolder:", "hf:")  # datasets whose builders resize every image to a square with PIL
 FITS = ("pad", "stretch", "digit")
 STATS_SAMPLE = 1024  # training images read for the statistics (held in memory)
 STATS_SAMPLE_DECODED = 256  # ... decoded one by one (image folders, your own datasets)
 INK = 0.3  # a pixel is ink when it differs from the background by this fraction of the image's largest difference
+EXTREME = 0.25  # a border within this of black (or of white) gives an image its polarity
+TOLERANCE = 1e-4  # the record's numbers are rounded to 4 decimals
 # Exports written before the preprocessing was recorded: what their datasets are known to look like.
 KNOWN = {
-    "mnist": {"background": 0.0, "fit": "digit", "box": round(20 / 28, 4), "centre": "mass"},
-    "digits": {"background": 0.0, "fit": "digit", "box": 1.0, "centre": "box"},
+    "mnist": {"background": 0.0, "fit": "digit", "box": round(20 / 28, 4), "centre": "mass", "border": [0.0, 0.0]},
+    "digits": {"background": 0.0, "fit": "digit", "box": 1.0, "centre": "box", "border": [0.0, 0.0]},
 }
-RAW = {"fit": "stretch"}  # resize only: what accel-predict did before (--raw)
-WORK_SIDE = 1024  # larger images are first shrunk to this longer side
+RAW = {"fit": "stretch"}  # what an export without a record had: PIL resize, as image folders are read
+WORK_SIDE = 1024  # framing a digit: larger images are first shrunk to this longer side
+EXIF_ORIENTATION = 0x0112  # the EXIF tag; 1 is "as stored"
+
+
+@dataclass
+class Prepared:
+    """One image ready for the normaliser: uint8 ``[C, size, size]`` and the steps that made it, in order.
+
+    Each step is ``{"step": name, "detail": what exactly, "as_trained": whether the training images had it}``.
+    """
+
+    pixels: torch.Tensor
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, step: str, detail: str, as_trained: bool) -> None:
+        self.steps.append({"step": step, "detail": detail, "as_trained": as_trained})
+
+
+# --------------------------------------------------------------------------- measuring images
 
 
 def _sample(dataset: Any) -> torch.Tensor:
@@ -60,6 +89,12 @@ def _background(gray: torch.Tensor) -> float:
     return (int(counts.argmax()) + 0.5) / 64
 
 
+def border_level(gray: torch.Tensor) -> torch.Tensor:
+    """The median of the outermost pixels of each [..., H, W] gray image: the page or field the image is on."""
+    edges = torch.cat([gray[..., 0, :], gray[..., -1, :], gray[..., :, 0], gray[..., :, -1]], dim=-1)
+    return edges.median(-1).values
+
+
 def _bbox(ink: torch.Tensor) -> tuple[int, int, int, int] | None:
     """(top, bottom, left, right), inclusive, of the True pixels of a [H, W] mask; None when there are none."""
     rows, cols = ink.any(1).nonzero().flatten(), ink.any(0).nonzero().flatten()
@@ -80,21 +115,33 @@ def _centre_of_mass(weights: torch.Tensor) -> tuple[float, float]:
     return float((weights.sum(1) * rows).sum() / mass), float((weights.sum(0) * cols).sum() / mass)
 
 
+def _framing(image: torch.Tensor, background: float, by_mass: bool) -> tuple[float, float] | None:
+    """(ink box side, centre offset) of a square [S, S] digit as fractions of S; None without ink."""
+    box = _bbox(_ink(image, background))
+    if box is None:
+        return None
+    top, bottom, left, right = box
+    side, middle = image.shape[-1], (image.shape[-1] - 1) / 2
+    cy, cx = _centre_of_mass((image - background).abs()) if by_mass else ((top + bottom) / 2, (left + right) / 2)
+    return (max(bottom - top, right - left) + 1) / side, max(abs(cy - middle), abs(cx - middle)) / side
+
+
 def _digit_framing(gray: torch.Tensor, background: float) -> dict[str, Any]:
-    """How the training digits sit in their field: box side (fraction), centred by box or by centre of mass."""
-    side, middle = gray.shape[-1], (gray.shape[-1] - 1) / 2
-    sides, off_box, off_mass = [], 0.0, 0.0
-    for image in gray:
-        box = _bbox(_ink(image, background))
-        if box is None:
-            continue
-        top, bottom, left, right = box
-        sides.append(max(bottom - top, right - left) + 1)
-        cy, cx = _centre_of_mass((image - background).abs())
-        off_box += abs((top + bottom) / 2 - middle) + abs((left + right) / 2 - middle)
-        off_mass += abs(cy - middle) + abs(cx - middle)
-    found = float(torch.tensor(sides, dtype=torch.float32).median()) if sides else side
-    return {"box": round(found / side, 4), "centre": "mass" if off_mass <= off_box else "box"}
+    """How the training digits sit in their field: centred by box or by centre of mass (whichever fits them
+    better), the median box side and the range of sides and the largest centre offset seen (fractions)."""
+    mass = [_framing(image, background, True) for image in gray]
+    boxed = [_framing(image, background, False) for image in gray]
+    by_mass = sum(f[1] for f in mass if f) <= sum(f[1] for f in boxed if f)
+    found = [f for f in (mass if by_mass else boxed) if f]
+    if not found:
+        return {"box": 1.0, "centre": "mass" if by_mass else "box"}
+    sides = torch.tensor([f[0] for f in found])
+    return {
+        "box": round(float(sides.median()), 4),
+        "centre": "mass" if by_mass else "box",
+        "box_range": [round(float(sides.min()), 4), round(float(sides.max()), 4)],
+        "offset": round(max(f[1] for f in found), 4),
+    }
 
 
 def describe_training_images(dataset: Any, dataset_name: str) -> dict[str, Any]:
@@ -104,20 +151,39 @@ def describe_training_images(dataset: Any, dataset_name: str) -> dict[str, Any]:
         return {"fit": fit}
     gray = _sample(dataset)
     background = _background(gray)
-    record: dict[str, Any] = {"background": round(background, 4), "fit": fit}
+    borders = border_level(gray)
+    record: dict[str, Any] = {
+        "background": round(background, 4),
+        "fit": fit,
+        "border": [round(float(borders.min()), 4), round(float(borders.max()), 4)],
+    }
     if fit == "digit":
         record.update(_digit_framing(gray, background))
     return record
 
 
-def check_preprocess(config: dict, where: str) -> dict[str, Any]:
-    """The recorded preprocessing (or what a known dataset needs, or resize only), every field checked."""
-    record = config.get("preprocess")
-    if record is None:
-        return dict(KNOWN.get(str(config.get("dataset")), RAW))
+# --------------------------------------------------------------------------- reading the record
 
-    def fail(field: str, problem: str) -> None:
-        raise CheckpointError(f"{where}: preprocess.{field} {problem}; fix the file or re-export the model")
+
+def _check_range(record: dict, key: str, fail) -> None:
+    value = record.get(key)
+    ok = isinstance(value, list) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value)
+    if value is not None and not (ok and 0 <= value[0] <= value[1] <= 1):
+        fail(key, f"must be [low, high] with 0 <= low <= high <= 1, got {value!r:.60}")
+
+
+def check_preprocess(config: dict, where: str) -> dict[str, Any]:
+    """The recorded preprocessing (or what a known dataset needs, or resize only), every field checked.
+
+    A digit dataset's record from before ``border`` was recorded gets the border the dataset is known to have.
+    """
+    record = config.get("preprocess")
+    known = KNOWN.get(str(config.get("dataset")))
+    if record is None:
+        return dict(known or RAW)
+
+    def fail(key: str, problem: str) -> None:
+        raise CheckpointError(f"{where}: preprocess.{key} {problem}; fix the file or re-export the model")
 
     if not isinstance(record, dict):
         fail("", f"must be a JSON object, got {record!r:.60}")
@@ -125,11 +191,24 @@ def check_preprocess(config: dict, where: str) -> dict[str, Any]:
         fail("fit", f"must be one of {', '.join(FITS)}, got {record.get('fit')!r:.60}")
     if record.get("centre", "mass") not in ("mass", "box"):
         fail("centre", f"must be 'mass' or 'box', got {record.get('centre')!r:.60}")
-    for key, low in (("background", 0.0), ("box", 1e-3)):
+    for key, low in (("background", 0.0), ("box", 1e-3), ("offset", 0.0)):
         value = record.get(key)
         if value is not None and not (isinstance(value, (int, float)) and low <= value <= 1):
             fail(key, f"must be a number between {low:g} and 1, got {value!r:.60}")
+    for key in ("border", "box_range"):
+        _check_range(record, key, fail)
+    if "border" not in record and known is not None:
+        return {**record, "border": known["border"]}
     return record
+
+
+def pipeline(record: dict[str, Any], channels: int, size: int) -> str:
+    """The training pipeline in words (what every image gets), for the line ``accel-predict`` prints first."""
+    resample = "PIL bilinear" if record["fit"] == "stretch" else "bilinear, antialiased"
+    return f"read as {'L' if channels == 1 else 'RGB'}, resized to {size}x{size} ({resample}), normalised"
+
+
+# --------------------------------------------------------------------------- preparing one image
 
 
 def _resize(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
@@ -140,15 +219,29 @@ def _resize(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
     return out[0].clamp(0, 1)
 
 
-def _fit_aspect(image: torch.Tensor, size: int, fill: torch.Tensor) -> torch.Tensor:
-    """Longer side to ``size``, aspect kept, centred on a ``fill``-coloured square."""
-    _, h, w = image.shape
-    scale = size / max(h, w)
-    nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
-    canvas = fill.view(-1, 1, 1).expand(image.shape[0], size, size).clone()
-    top, left = (size - nh) // 2, (size - nw) // 2
-    canvas[:, top : top + nh, left : left + nw] = _resize(image, nh, nw)
-    return canvas
+def _inversion(border: float, record: dict[str, Any]) -> str | None:
+    """Why an image with this border is inverted, or None: only when it is at the other extreme from every
+    training image's border."""
+    seen = record.get("border")
+    if not seen:
+        return None
+    low, high = seen
+    if (high <= EXTREME and border >= 1 - EXTREME) or (low >= 1 - EXTREME and border <= EXTREME):
+        return f"its border is {border:.2f}, every training image's was {low:.2f}-{high:.2f}"
+    return None
+
+
+def _framed_like_training(gray: torch.Tensor, record: dict[str, Any]) -> bool:
+    """Whether a digit, resized as the training images were, already sits in its field as the training digits
+    did: its ink box and centre inside what they had (then it is left alone)."""
+    if "box_range" not in record or "offset" not in record:
+        return False
+    found = _framing(gray, float(record.get("background", 0.0)), record.get("centre", "mass") == "mass")
+    if found is None:
+        return True  # no ink: nothing to frame
+    side, offset = found
+    low, high = record["box_range"]
+    return low - TOLERANCE <= side <= high + TOLERANCE and offset <= record["offset"] + TOLERANCE
 
 
 def _centre_digit(ink: torch.Tensor, size: int, box: float, by_mass: bool) -> torch.Tensor:
@@ -171,26 +264,85 @@ def _centre_digit(ink: torch.Tensor, size: int, box: float, by_mass: bool) -> to
     return big[pad : pad + size, pad : pad + size]
 
 
-def prepare_image(image: torch.Tensor, size: int, record: dict[str, Any]) -> torch.Tensor:
-    """A float [C, H, W] image in [0, 1] of any size -> [C, size, size] as the training images looked."""
-    h, w = image.shape[-2:]
+def _frame_digit(gray: torch.Tensor, channels: int, size: int, record: dict[str, Any]) -> torch.Tensor:
+    """A [H, W] gray digit in the training polarity -> uint8 [channels, size, size] framed as the training digits."""
+    h, w = gray.shape
     if max(h, w) > WORK_SIDE:  # a photo: every step below is cheaper, and quantile has a size limit
-        image = _resize(image, max(1, round(h * WORK_SIDE / max(h, w))), max(1, round(w * WORK_SIDE / max(h, w))))
-    gray = image.mean(0)
-    own_background = _background(gray)
-    background = record.get("background")
-    if background is not None and abs(background - 0.5) > 0.25 and (own_background < 0.5) != (background < 0.5):
-        image, gray, own_background = 1 - image, 1 - gray, 1 - own_background  # the polarity the model knows
-    fit = record["fit"]
-    if fit == "stretch":
-        return _resize(image, size, size)
-    if fit == "pad":
-        border = torch.cat([image[:, 0], image[:, -1], image[:, :, 0], image[:, :, -1]], dim=1)
-        return _fit_aspect(image, size, border.median(1).values)
-    # digit: ink strength from 0 (background) to 1 (the darkest/lightest stroke), then MNIST-style framing
-    ink = (gray - own_background).abs()
+        scale = WORK_SIDE / max(h, w)
+        gray = _resize(gray[None], max(1, round(h * scale)), max(1, round(w * scale)))[0]
+    ink = (gray - _background(gray)).abs()  # 0 (the page) to 1 (the darkest/lightest stroke)
     ink = (ink / ink.quantile(0.99).clamp_min(ink.max() * 0.5).clamp_min(1e-6)).clamp(0, 1)
     digit = _centre_digit(ink, size, float(record.get("box", 20 / 28)), record.get("centre", "mass") == "mass")
-    light = background is not None and background >= 0.5
-    digit = 1 - digit if light else digit
-    return digit.expand(image.shape[0], size, size).clone()
+    if record.get("background", 0.0) >= 0.5:  # dark ink on a light field
+        digit = 1 - digit
+    return (digit * 255).round().to(torch.uint8).expand(channels, size, size).clone()
+
+
+def _pad_square(pixels: torch.Tensor) -> torch.Tensor:
+    """uint8 [C, H, W] centred on a square of its own border colour (the median of each channel's edge)."""
+    c, h, w = pixels.shape
+    side = max(h, w)
+    fill = border_level(pixels.float()).round().to(torch.uint8)
+    canvas = fill.view(c, 1, 1).expand(c, side, side).clone()
+    top, left = (side - h) // 2, (side - w) // 2
+    canvas[:, top : top + h, left : left + w] = pixels
+    return canvas
+
+
+def _read_as_trained(image: Any, channels: int, out: Prepared) -> Any:
+    """The PIL image as the dataset builders read files: EXIF orientation applied (as ``datasets`` does), then
+    converted to ``L`` or ``RGB``."""
+    from PIL import ImageOps
+
+    if image.getexif().get(EXIF_ORIENTATION) not in (None, 1):
+        out.add("orient", "rotated/flipped as its EXIF orientation says", True)
+        image = ImageOps.exif_transpose(image)
+    mode = "L" if channels == 1 else "RGB"
+    if image.mode != mode:
+        out.add("convert", f"{image.mode} -> {mode}", True)
+        image = image.convert(mode)
+    return image
+
+
+def prepare_image(image: Any, channels: int, size: int, record: dict[str, Any], adapt: bool = True) -> Prepared:
+    """A PIL image of any size -> :class:`Prepared` (uint8 ``[channels, size, size]``), as the training images
+    were read, plus the recorded steps this image provably needs (none with ``adapt=False``: ``--raw``).
+
+    The polarity and the framing are judged on the image as the training pipeline makes it, the scale at which
+    the training images were measured.
+    """
+    import numpy as np
+
+    from accel_train.data.folder import image_to_chw
+    from accel_train.data.vision import resize_uint8
+
+    out = Prepared(torch.empty(0))
+    image = _read_as_trained(image, channels, out)
+    array = torch.from_numpy(np.array(image))
+    pixels = array.unsqueeze(0) if array.dim() == 2 else array.permute(2, 0, 1).contiguous()
+    fit, (h, w) = record["fit"], tuple(pixels.shape[-2:])
+    # the training pipeline: PIL's resize for image folders and Hub datasets, torch's for in-memory data
+    plain = image_to_chw(image, channels, size) if fit == "stretch" else resize_uint8(pixels[None], size)[0]
+    why = _inversion(float(border_level(plain.float().mean(0) / 255)), record) if adapt else None
+    inverted = {"step": "invert", "detail": why, "as_trained": False}
+    if why:
+        pixels, plain = 255 - pixels, 255 - plain
+    if adapt and fit == "digit" and not _framed_like_training(plain.float().mean(0) / 255, record):
+        centre = "centre of mass" if record.get("centre", "mass") == "mass" else "box"
+        box = float(record.get("box", 20 / 28))
+        out.steps += [inverted] if why else []
+        out.add("frame", f"{w}x{h} -> {size}x{size}, the digit's box scaled to {box:.2f} of the side and centred by "
+                f"its {centre}, as the training digits were", False)  # fmt: skip
+        out.pixels = _frame_digit(pixels.float().mean(0) / 255, channels, size, record)
+    elif adapt and fit == "pad" and h != w:
+        out.steps += [inverted] if why else []
+        out.add("pad", f"{w}x{h} -> {max(h, w)}x{max(h, w)}, centred on its own border colour", False)
+        out.add("resize", f"{max(h, w)}x{max(h, w)} -> {size}x{size} (bilinear, antialiased)", True)
+        out.pixels = resize_uint8(_pad_square(pixels)[None], size)[0]
+    else:
+        if (h, w) != (size, size):
+            resample = "PIL bilinear" if fit == "stretch" else "bilinear, antialiased"
+            out.add("resize", f"{w}x{h} -> {size}x{size} ({resample})", True)
+        out.steps += [inverted] if why else []
+        out.pixels = plain
+    return out

@@ -1,5 +1,10 @@
 """``accel-evaluate`` / ``scripts/eval.py``: exported weights or a checkpoint, evaluated exactly on a dataset's test
-split under any accelerate config, with a JSON report. The loop's own evaluation is ``evaluation.evaluate_model``."""
+split under any accelerate config, with a JSON report. The loop's own evaluation is ``evaluation.evaluate_model``.
+
+Which images are scored is never left to a default that drops some silently: a dataset's test split; a folder
+of class subfolders whole (its ``test/`` or ``val/`` where it has one); only the part ``train.py`` held out when
+asked (``--val-split``) or when the folder is the one the weights trained on. The report's ``evaluated`` says which.
+"""
 
 from __future__ import annotations
 
@@ -50,6 +55,85 @@ def _eval_config(weights: str, dataset: str | None, data_dir: str, model_config:
     ).validate()
 
 
+def _run_split(weights: str, dataset: str) -> tuple[dict[str, Any], Path | None]:
+    """``val_split`` and ``seed`` from the config.yaml of the run that wrote ``weights`` (RUN/model, RUN/best,
+    RUN/checkpoints/step_N), when it trained on ``dataset``; ({}, None) when there is none to read."""
+    import yaml
+
+    from accel_train.run_dir import CONFIG
+
+    here = Path(weights).expanduser().absolute()
+    here = here if here.is_dir() else here.parent
+    for path in (here.parent / CONFIG, here.parent.parent / CONFIG):
+        try:
+            saved = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else None
+        except (OSError, UnicodeError, yaml.YAMLError):
+            saved = None
+        if isinstance(saved, dict) and saved.get("dataset") == dataset:
+            split, seed = saved.get("val_split"), saved.get("seed")
+            if isinstance(split, float) and 0 < split < 1 and isinstance(seed, int) and not isinstance(seed, bool):
+                return {"val_split": split, "seed": seed}, path
+    return {}, None
+
+
+def _same_folder(a: str, b: str | None) -> bool:
+    """Whether ``imagefolder:a`` and the recorded dataset ``b`` name the same folder (as seen from here)."""
+    if not b or not b.startswith("imagefolder:"):
+        return False
+    return Path(a).expanduser().resolve() == Path(b.split(":", 1)[1]).expanduser().resolve()
+
+
+def _folder_split(cfg: TrainConfig, weights: str, recorded: str | None, given: bool, val_split, seed) -> tuple:
+    """(held_out, the DataConfig to split by, why) for ``imagefolder:`` data without a split of its own: every
+    image, unless ``--val-split`` asks for the held-out part or the folder is the one the weights trained on."""
+    from accel_train.data.folder import imagefolder_layout
+
+    path = cfg.dataset.split(":", 1)[1]
+    root = Path(path).expanduser().absolute()
+    layout, folder = imagefolder_layout(root) if root.is_dir() else ("classes", root)  # the builder names a bad one
+    if layout != "classes" and val_split is not None:
+        raise UserError(f"{root} has its own test split ({folder}); drop --val-split, or point at a folder of classes")
+    trained_here = not given or _same_folder(path, recorded)
+    if layout != "classes" or val_split == 0 or (val_split is None and not trained_here):
+        return False, cfg.data_config(), ""
+    run, where = _run_split(weights, recorded) if trained_here and recorded else ({}, None)
+    split = run.get("val_split", cfg.val_split) if val_split is None else val_split
+    data = replace(cfg.data_config(), val_split=split, seed=run.get("seed", cfg.seed) if seed is None else seed)
+    if val_split is not None:
+        return True, data, ", as asked"
+    source = (
+        f"values from {where}"
+        if where
+        else "train.py's defaults: pass the run's --val-split and --seed if it used others"
+    )
+    return True, data, f"; the weights trained on the rest ({source}; --val-split 0 scores every image)"
+
+
+def _eval_data(cfg: TrainConfig, weights: str, model_config: dict, given: bool, val_split, seed):
+    """The data ``accel-evaluate`` scores, with ``extra["evaluated"]`` saying which images in words."""
+    from accel_train.data import build_dataset
+
+    if not cfg.dataset.startswith("imagefolder:"):
+        hub = cfg.dataset.startswith("hf:")
+        if val_split is not None and not (hub and val_split > 0):
+            raise UserError(
+                f"--val-split {val_split} is for imagefolder: (and hf:) data; {cfg.dataset} has a test split"
+            )
+        data = replace(cfg.data_config(), val_split=val_split or cfg.val_split, seed=cfg.seed if seed is None else seed)
+        splits = build_dataset(data, test_only=True, download_hint=FETCH_HINT)
+        splits.extra["evaluated"] = f"the test split of {cfg.dataset}" + (
+            f" (where it has none: the part --val-split {data.val_split} --seed {data.seed} holds out)" if hub else ""
+        )
+        return splits
+    from accel_train.data.folder import build_imagefolder_eval
+
+    held_out, data, why = _folder_split(cfg, weights, model_config.get("dataset"), given, val_split, seed)
+    channels, names = model_config["in_channels"], model_config.get("class_names")
+    splits = build_imagefolder_eval(data, cfg.dataset.split(":", 1)[1], held_out, channels, names)
+    splits.extra["evaluated"] += why
+    return splits
+
+
 def run_evaluation(
     weights: str,
     dataset: str | None = None,
@@ -61,13 +145,17 @@ def run_evaluation(
     image_column: str | None = None,
     label_column: str | None = None,
     tta: str = "none",
+    val_split: float | None = None,
+    seed: int | None = None,
 ) -> dict[str, Any] | None:
     """Load ``weights`` (export dir, checkpoint dir or state-dict file), evaluate, write a JSON report.
 
-    Only the dataset's test split is loaded (its training files need not exist). Collective under
-    several processes; returns the report on the main process and None elsewhere.
+    Only the dataset's test split is loaded (its training files need not exist). An ``imagefolder:`` folder of
+    class subfolders is scored whole, unless ``val_split`` asks for the part ``train.py --val-split --seed`` holds
+    out (0: every image) or the folder is the one the weights trained on (then its run's held-out part); the
+    report's ``evaluated`` says which images were scored. Collective under several processes; returns the
+    report on the main process and None elsewhere.
     """
-    from accel_train.data import build_dataset
     from accel_train.data.pipeline import BatchNormalizer, make_loader
     from accel_train.metrics import load_metric
     from accel_train.runtime import build_runtime
@@ -83,11 +171,11 @@ def run_evaluation(
         image_column=image_column,
         label_column=label_column,
     )
-    dataset = cfg.dataset
+    given, dataset = dataset is not None, cfg.dataset
     rt = build_runtime(cfg)
     acc = rt.accelerator
     with acc.main_process_first():
-        splits = build_dataset(cfg.data_config(), test_only=True, download_hint=FETCH_HINT)
+        splits = _eval_data(cfg, weights, model_config, given, val_split, seed)
     metric = load_metric("accuracy")  # writes nothing, on no rank: see accel_train.metrics
     info = splits.info
     if info.num_classes != model_config["num_classes"] or info.in_channels != model_config["in_channels"]:
@@ -99,14 +187,31 @@ def run_evaluation(
     loader = make_loader(splits.test, batch_size, shuffle=False, seed=0, pin_memory=acc.device.type == "cuda")
     model = rt.prepare_model(model)
     model, loader = acc.prepare(model, loader)
-    normalizer = BatchNormalizer(mean, std)
-    result = evaluate_model(acc, model, loader, normalizer, metric, info.num_classes, True, tta=tta)
-    confusion = result.pop("confusion")
-    per_class = (confusion.diag().double() / confusion.sum(1).clamp(min=1).double()).tolist()
+    result = evaluate_model(acc, model, loader, BatchNormalizer(mean, std), metric, info.num_classes, True, tta=tta)
     names = model_config.get("class_names") or info.class_names
-    report = {
+    report = _report(weights, dataset, splits.extra["evaluated"], result, names, acc, tta)
+    if rt.is_main:
+        report = _finite_json(report, str(weights))
+        if out:
+            _write_report(out, report)
+        if confusion_png:
+            from accel_train.plots import plot_confusion_matrix
+
+            names = [str(n) for n in report["per_class_accuracy"]]
+            plot_confusion_matrix(result["confusion"].numpy(), names, confusion_png, title=f"{dataset}")
+    rt.end()
+    return report if rt.is_main else None
+
+
+def _report(weights: str, dataset: str, evaluated: str, result: dict, names: list, acc, tta: str) -> dict[str, Any]:
+    confusion = result["confusion"]
+    counts = confusion.sum(1)
+    per_class = (confusion.diag().double() / counts.clamp(min=1).double()).tolist()
+    per_class = [a if n else None for a, n in zip(per_class, counts.tolist(), strict=True)]  # no samples: no score
+    return {
         "weights": str(weights),
         "dataset": dataset,
+        "evaluated": evaluated,
         "accuracy": result["eval_accuracy"],
         "loss": result["eval_loss"],
         "samples": result["eval_samples"],
@@ -117,16 +222,6 @@ def run_evaluation(
         "mixed_precision": acc.mixed_precision,
         "tta": tta,
     }
-    if rt.is_main:
-        report = _finite_json(report, str(weights))
-        if out:
-            _write_report(out, report)
-        if confusion_png:
-            from accel_train.plots import plot_confusion_matrix
-
-            plot_confusion_matrix(confusion.numpy(), [str(n) for n in names], confusion_png, title=f"{dataset}")
-    rt.end()
-    return report if rt.is_main else None
 
 
 def _write_report(out: str, report: dict[str, Any]) -> None:

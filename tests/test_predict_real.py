@@ -1,9 +1,11 @@
-"""Issue 14, item 5: predictions on real images, prepared the way the model's training images looked.
+"""Issue 14, item 5, and issue 27, item 1: predictions on real images, prepared as the training images were, plus
+only the steps an image provably needs.
 
 A LeNet trained briefly on scikit-learn's digits classifies the held-out test digits drawn two ways:
 "hand-drawn" (black ink on white paper, at another size, somewhere on a 96x64 page) and "MNIST-style"
 (white on black, the digit's box scaled into 20x20 of 28x28, centred by centre of mass). ``predict``
-must do as well on the first as on the second; ``--raw`` (resize only, the old behaviour) shows why.
+must do as well on the first as on the second; ``--raw`` (the training pipeline only) shows why. The test digits
+as they are (28x28, as the dataset holds them) get nothing added, and ``predict`` scores them as ``eval`` does.
 """
 
 from __future__ import annotations
@@ -80,13 +82,20 @@ def drawings(tmp_path_factory) -> dict[str, Path]:
     return folders
 
 
-def _accuracy(capsys, weights: Path, folder: Path, *flags: str) -> float:
+def _predict(capsys, weights: Path, folder: Path, *flags: str) -> list[dict]:
     from accel_train.commands.predict import main
 
     capsys.readouterr()
     assert main(["--weights", str(weights), str(folder), "--json", *flags]) == 0
-    results = json.loads(capsys.readouterr().out)
+    return json.loads(capsys.readouterr().out)
+
+
+def _accuracy(capsys, weights: Path, folder: Path, *flags: str, added: list[str]) -> float:
+    """Top-1 accuracy; every image got exactly the steps ``added`` beyond the training pipeline."""
+    results = _predict(capsys, weights, folder, *flags)
     assert len(results) == N_DIGITS
+    for result in results:
+        assert [s["step"] for s in result["preprocess"] if not s["as_trained"]] == added, result["preprocess"]
     hits = [r["top_k"][0]["class"] == Path(r["image"]).stem.split("_")[1] for r in results]
     return sum(hits) / len(hits)
 
@@ -94,12 +103,12 @@ def _accuracy(capsys, weights: Path, folder: Path, *flags: str) -> float:
 def test_hand_drawn_digits_are_classified_as_well_as_mnist_style_ones(
     digits_model, drawings, capsys, tmp_path, record_property
 ):
-    config = json.loads((digits_model / "config.json").read_text())
-    assert config["preprocess"]["fit"] == "digit" and config["preprocess"]["background"] < 0.1
+    record = json.loads((digits_model / "config.json").read_text())["preprocess"]
+    assert record["fit"] == "digit" and record["background"] < 0.1 and record["border"][1] < 0.25
     sheet = tmp_path / "sheet.png"
-    hand = _accuracy(capsys, digits_model, drawings["hand"], "--sheet", str(sheet))
-    mnist = _accuracy(capsys, digits_model, drawings["mnist"])
-    raw = _accuracy(capsys, digits_model, drawings["hand"], "--raw")
+    hand = _accuracy(capsys, digits_model, drawings["hand"], "--sheet", str(sheet), added=["invert", "frame"])
+    mnist = _accuracy(capsys, digits_model, drawings["mnist"], added=["frame"])  # box 20/28, not the digits' 1.0
+    raw = _accuracy(capsys, digits_model, drawings["hand"], "--raw", added=[])
     figures = {"hand_drawn": hand, "mnist_style": mnist, "hand_drawn_raw": raw}
     record_property("predict_accuracy", figures)
     print(f"predict accuracy on {N_DIGITS} test digits: {figures}")
@@ -108,24 +117,81 @@ def test_hand_drawn_digits_are_classified_as_well_as_mnist_style_ones(
     assert sheet.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_digits_as_the_dataset_holds_them_get_nothing_added_and_predict_scores_them_as_eval(
+    digits_model, capsys, tmp_path
+):
+    """The digits test split written as 28x28 PNGs: the training pipeline only, and eval's answers exactly."""
+    from accel_train.data.digits import build_digits
+    from accel_train.data.settings import DataConfig
+    from accel_train.saved_eval import run_evaluation
+
+    test = build_digits(DataConfig(dataset="digits")).test
+    for i, (image, label) in enumerate(zip(test.images, test.labels.tolist(), strict=True)):
+        Image.fromarray(image[0].numpy(), mode="L").save(tmp_path / f"{i:03d}_{label}.png")
+    results = _predict(capsys, digits_model, tmp_path, "--top-k", "10")
+    assert all([s["step"] for s in r["preprocess"]] == ["normalize"] for r in results)
+    report = run_evaluation(str(digits_model))
+    assert report["samples"] == len(results) == len(test)
+    confusion = [[0] * 10 for _ in range(10)]
+    nll = 0.0
+    for result in results:
+        truth = int(Path(result["image"]).stem.split("_")[1])
+        confusion[truth][result["top_k"][0]["index"]] += 1
+        nll -= float(np.log(next(c["prob"] for c in result["top_k"] if c["index"] == truth)))
+    assert confusion == report["confusion_matrix"]
+    assert nll / len(results) == pytest.approx(report["loss"], abs=1e-6)
+
+
+def _pil(tensor: torch.Tensor) -> Image.Image:
+    """Float [C, H, W] in [0, 1] -> a PIL image (L or RGB)."""
+    array = (tensor * 255).round().clamp(0, 255).to(torch.uint8)
+    return (
+        Image.fromarray(array[0].numpy(), "L")
+        if array.shape[0] == 1
+        else Image.fromarray(array.permute(1, 2, 0).numpy())
+    )
+
+
 def test_prepared_inputs_do_not_depend_on_polarity_size_or_place():
     pixels, _ = _test_digits()
     record = KNOWN["mnist"]
     base = torch.from_numpy(np.asarray(mnist_style(pixels[0]), dtype=np.float32) / 255)[None]
     page = torch.ones(1, 64, 96)  # the same digit, black on white, twice the size, right of centre
     page[:, 4:60, 34:90] = 1 - torch.nn.functional.interpolate(base[None], size=(56, 56), mode="bilinear")[0]
-    a, b = prepare_image(base, 28, record), prepare_image(page, 28, record)
-    assert a.shape == b.shape == (1, 28, 28)
-    assert torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1] > 0.8
+    a, b = prepare_image(_pil(base), 1, 28, record), prepare_image(_pil(page), 1, 28, record)
+    assert a.pixels.shape == b.pixels.shape == (1, 28, 28) and a.pixels.dtype == torch.uint8
+    assert [s["step"] for s in b.steps] == ["invert", "frame"] and not any(s["as_trained"] for s in b.steps)
+    assert torch.corrcoef(torch.stack([a.pixels.flatten().float(), b.pixels.flatten().float()]))[0, 1] > 0.8
+
+
+def test_inverted_only_where_every_training_image_had_the_other_polarity():
+    """A large dark shape on a white page is not inverted for a model of white pages (its most common colour is
+    dark, which fooled the old check); a dark page is, but only when every training page was white."""
+    big = torch.ones(3, 20, 20)
+    big[:, 2:18, 2:18] = 0.1  # 64% of the image is the dark shape; the page (border) stays white
+    night = torch.full((3, 20, 20), 0.05)
+    night[:, 6:14, 6:14] = 0.9
+    white_pages = {"fit": "stretch", "background": 0.99, "border": [0.93, 1.0]}
+    steps = lambda image, record: [s["step"] for s in prepare_image(_pil(image), 3, 16, record).steps]  # noqa: E731
+    assert steps(big, white_pages) == ["resize"]
+    assert steps(night, white_pages) == ["resize", "invert"]
+    assert steps(night, {**white_pages, "border": [0.2, 1.0]}) == ["resize"]  # some training page was dark
+    assert steps(night, {"fit": "stretch", "background": 0.99}) == ["resize"]  # an export without the border
+    assert prepare_image(_pil(night), 3, 16, white_pages, adapt=False).steps[-1]["step"] == "resize"  # --raw
 
 
 def test_pad_fit_keeps_the_aspect_and_pads_with_the_border_colour():
     image = torch.full((3, 20, 40), 0.2)
     image[:, 5:15, 10:30] = 0.9
-    out = prepare_image(image, 16, {"fit": "pad", "background": 0.45})  # mid-grey training data: no polarity
-    assert out.shape == (3, 16, 16)
-    assert torch.allclose(out[:, :4], torch.full((3, 4, 16), 0.2)) and torch.allclose(out[:, 12:], out[:, :4])
-    assert out[:, 8, 8].min() > 0.8  # the bright middle, not squeezed away
+    out = prepare_image(_pil(image), 3, 16, {"fit": "pad", "background": 0.45})  # mid-grey training data
+    assert [(s["step"], s["as_trained"]) for s in out.steps] == [("pad", False), ("resize", True)]
+    pixels = out.pixels.float() / 255
+    assert out.pixels.shape == (3, 16, 16)
+    assert torch.allclose(pixels[:, :3], torch.full((3, 3, 16), 0.2), atol=0.01)
+    assert torch.allclose(pixels[:, 13:], pixels[:, :3], atol=0.01)
+    assert pixels[:, 8, 8].min() > 0.8  # the bright middle, not squeezed away
+    square = prepare_image(_pil(image[:, :, :20]), 3, 16, {"fit": "pad"})
+    assert [s["step"] for s in square.steps] == ["resize"]  # a square image is only resized, as in training
 
 
 def test_recorded_statistics_of_digits_and_of_mnist_style_data():
@@ -135,7 +201,8 @@ def test_recorded_statistics_of_digits_and_of_mnist_style_data():
     mnist = torch.stack([torch.from_numpy(np.array(mnist_style(p))) for p in pixels])[:, None]
     record = describe_training_images(TensorImageDataset(mnist, torch.as_tensor(labels)), "mnist")
     assert record["fit"] == "digit" and record["centre"] == "mass" and record["background"] < 0.05
-    assert abs(record["box"] - 20 / 28) < 0.05
+    assert abs(record["box"] - 20 / 28) < 0.05 and record["border"] == [0.0, 0.0]
+    assert record["box_range"][0] <= record["box"] <= record["box_range"][1] and record["offset"] < 0.1
     digits = torch.nn.functional.interpolate(torch.from_numpy(pixels)[:, None].float(), size=(28, 28), mode="bilinear")
     record = describe_training_images(TensorImageDataset(digits.round().to(torch.uint8), torch.as_tensor(labels)), "x")
     assert record["fit"] == "pad" and "box" not in record
@@ -144,6 +211,11 @@ def test_recorded_statistics_of_digits_and_of_mnist_style_data():
 def test_exports_without_a_record_and_bad_records(tmp_path):
     assert check_preprocess({"dataset": "mnist"}, "c") == KNOWN["mnist"]  # exports of earlier versions
     assert check_preprocess({"dataset": "cifar10"}, "c") == {"fit": "stretch"}  # resize only, as before
+    old_digits = {"dataset": "digits", "preprocess": {"fit": "digit", "background": 0.0, "box": 1.0}}
+    assert check_preprocess(old_digits, "c")["border"] == [0.0, 0.0]  # a digit record from before the border
+    assert "border" not in check_preprocess({"dataset": "imagefolder:x", "preprocess": {"fit": "stretch"}}, "c")
+    with pytest.raises(CheckpointError, match=r"preprocess\.border must be \[low, high\]"):
+        check_preprocess({"preprocess": {"fit": "pad", "border": [0.9, 0.1]}}, "c")
     with pytest.raises(CheckpointError, match=r"c: preprocess\.fit must be one of pad, stretch, digit"):
         check_preprocess({"preprocess": {"fit": "zoom"}}, "c")
     with pytest.raises(CheckpointError, match=r"preprocess\.background must be a number between 0 and 1"):

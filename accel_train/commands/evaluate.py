@@ -6,6 +6,13 @@
 
 Only the dataset's test split is read: ``t10k-*`` alone is enough for mnist/fashion_mnist, ``test_batch``
 for cifar10. Evaluation never downloads; ``train.py --download`` fetches the files.
+
+``--dataset imagefolder:DIR`` scores every image of a folder of class subfolders, or its ``test/`` (``val/``)
+where it has one (``train/`` + ``test/``, or ``test/`` alone); classes are matched to the model's by folder
+name, so a folder may hold some of them. Only the part ``train.py`` held out is scored when ``--val-split``
+asks for it, or when DIR is the folder the weights were trained on (with the run's ``--val-split``/``--seed``
+from its config.yaml). The report's ``evaluated`` says in one line which images were scored; with ``--out``
+that line is printed too, before the accuracy.
 """
 
 from accel_train.cli import ArgumentParser, run_main  # light: no torch
@@ -27,12 +34,26 @@ def main(argv=None):
     parser.add_argument("--mixed-precision", choices=MIXED_PRECISION, help="override the accelerate config")
     parser.add_argument("--tta", choices=TTA, default="none", help="flip: average each image's and its mirror's logits")
     parser.add_argument(
+        "--val-split",
+        type=float,
+        metavar="FRACTION",
+        help="imagefolder of classes: score only the part train.py --val-split FRACTION holds out (0: every image; "
+        "default: every image, or the run's split for the folder the weights trained on)",
+    )
+    parser.add_argument(
+        "--seed", type=int, help="with --val-split: the training run's --seed (default: the run's, else 42)"
+    )
+    parser.add_argument(
         "--allow-import", action="store_true", help="let the weights' config import the user code it names as model"
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     args = parser.parse_args(argv)
     if args.batch_size < 1:
         parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.val_split is not None and not 0 <= args.val_split < 1:
+        parser.error(f"--val-split must be at least 0 and below 1, got {args.val_split}")
+    if args.seed is not None and not 0 <= args.seed < 2**32:
+        parser.error(f"--seed must be between 0 and 2**32 - 1, got {args.seed}")
 
     _check_outputs(args)  # before the weights, the data or torch are loaded
     import json
@@ -52,10 +73,13 @@ def main(argv=None):
             image_column=args.image_column,
             label_column=args.label_column,
             tta=args.tta,
+            val_split=args.val_split,
+            seed=args.seed,
         )
     if report is None:  # not the main process
         return 0
-    if args.out:
+    if args.out:  # printed, the report says it too ("evaluated")
+        print(f"evaluated {report['evaluated']}")
         print(f"accuracy {report['accuracy']:.4f} on {report['samples']} samples; wrote {args.out}")
     else:
         print(json.dumps({k: v for k, v in report.items() if k != "confusion_matrix"}, indent=2, allow_nan=False))

@@ -4,12 +4,16 @@ Example::
 
     python scripts/predict.py --weights exported/ digit1.png my_drawings/ --top-k 3 --sheet sheet.png
 
-Images are prepared as the model's training images were (``config.json["preprocess"]``, see
-:mod:`accel_train.preprocess`): inverted when their colours are the other way round (black ink on
-white for a model trained on MNIST), fitted to ``image_size`` keeping their aspect, and for digit
-datasets framed as MNIST is (the digit scaled into its box, centred by centre of mass). Then they are
-scaled to [0, 1] and normalised with the config's ``mean``/``std``; the model runs on CPU. Prints the
-top-k classes (``class_names`` or indices) per image; ``--sheet`` draws them on a contact sheet.
+Every image is prepared exactly as the model's training (and ``accel-evaluate``'s) images were: read as ``L`` or
+``RGB``, resized to ``image_size`` with the same resampler, normalised with the config's ``mean``/``std``; on the
+same files, predict and evaluate give the same answers. A step beyond that is added only where the export's record
+(``config.json["preprocess"]``, see :mod:`accel_train.preprocess`) proves an image needs it: inverted when every
+training image was light-on-dark and this one is dark-on-light (or the reverse), a digit framed as MNIST's were,
+a non-square image padded for a model of in-memory square images. ``--raw`` never adds one.
+
+The steps are listed per image: in ``--json`` (``"preprocess"``: step, detail, ``as_trained``), and otherwise on
+stderr (the training pipeline once, then each image that got more), stdout keeping one line of top-k classes
+per image. The model runs on CPU; ``--sheet`` draws the images and their top class on a contact sheet.
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sheet", metavar="PNG", help="also draw the images with their predictions into this PNG")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --sheet")
     parser.add_argument(
-        "--raw", action="store_true", help="only resize the images (no polarity check, fit or digit centring)"
+        "--raw",
+        action="store_true",
+        help="only what the training images got (read, resize, normalise): never invert, pad or frame a digit",
     )
     parser.add_argument(
         "--allow-import", action="store_true", help="let the weights' config import the user code it names as model"
@@ -71,32 +77,46 @@ def _expand(paths: list[str]) -> list[str]:
     return out
 
 
-def _read(path: str, mode: str):
-    """The image at ``path`` as float [C, H, W] in [0, 1] (one-line UserErrors for what cannot be read)."""
+def _prepare(path: str, channels: int, size: int, record: dict, adapt: bool, originals: list | None):
+    """The image file at ``path`` prepared by ``record`` (one-line UserErrors for what cannot be read)."""
     import numpy as np
     import torch
 
     from accel_train.data.images import DECODE_ERRORS, open_image
     from accel_train.errors import UserError
+    from accel_train.preprocess import prepare_image
 
     with open_image(path) as image:
         try:
-            array = np.asarray(image.convert(mode), dtype=np.float32) / 255.0
+            if originals is not None:  # as read, for the contact sheet
+                array = np.asarray(image.convert("L" if channels == 1 else "RGB"), dtype=np.float32) / 255.0
+                shown = torch.from_numpy(array.copy())
+                originals.append(shown.unsqueeze(0) if shown.dim() == 2 else shown.permute(2, 0, 1))
+            return prepare_image(image, channels, size, record, adapt=adapt)
         except DECODE_ERRORS as exc:
             raise UserError(f"cannot read image {path}: {' '.join(str(exc).split())[:200]}") from None
-    tensor = torch.from_numpy(array.copy())
-    return tensor.unsqueeze(0) if tensor.dim() == 2 else tensor.permute(2, 0, 1)
 
 
-def _load_images(paths: list[str], config: dict, record: dict | None = None, originals: list | None = None):
+def _load_images(
+    paths: list[str],
+    config: dict,
+    record: dict | None = None,
+    originals: list | None = None,
+    steps: list | None = None,
+    adapt: bool = True,
+):
     """Normalised model inputs [N, C, S, S] for ``paths``, prepared by ``record`` (default: the config's).
 
-    ``originals``: a list that receives the images as read (for the contact sheet).
+    Each image is read and resized as the training images were, then normalised as the loop normalises a batch
+    (``BatchNormalizer``); ``adapt`` adds the steps the record proves an image needs (see ``accel_train.preprocess``).
+    ``originals``: a list that receives the images as read (for the contact sheet); ``steps``: one list of
+    steps per image (``Prepared.steps`` plus the normalisation).
     """
     import torch
 
+    from accel_train.data.pipeline import BatchNormalizer
     from accel_train.errors import UserError
-    from accel_train.preprocess import check_preprocess, prepare_image
+    from accel_train.preprocess import check_preprocess
 
     record = check_preprocess(config, "config.json") if record is None else record
 
@@ -104,17 +124,19 @@ def _load_images(paths: list[str], config: dict, record: dict | None = None, ori
     if channels not in (1, 3):
         raise UserError(f"predict reads grayscale (1) or RGB (3) images; the model has in_channels={channels}")
     size = int(config.get("image_size", 28))
-    mean = torch.tensor(_per_channel(config.get("mean", 0.0), channels, "mean")).view(-1, 1, 1)
-    std = torch.tensor(_per_channel(config.get("std", 1.0), channels, "std")).view(-1, 1, 1)
-    if bool((std == 0).any()):
+    mean = _per_channel(config.get("mean", 0.0), channels, "mean")
+    std = _per_channel(config.get("std", 1.0), channels, "std")
+    if 0 in std:
         raise UserError("config std contains 0; fix config.json")
     batch = []
     for path in paths:
-        image = _read(path, "L" if channels == 1 else "RGB")
-        if originals is not None:
-            originals.append(image)
-        batch.append((prepare_image(image, size, record) - mean) / std)
-    return torch.stack(batch)
+        prepared = _prepare(path, channels, size, record, adapt, originals)
+        batch.append(prepared.pixels)
+        if steps is not None:
+            shown = ", ".join(f"{v:g}" for v in mean), ", ".join(f"{v:g}" for v in std)
+            normalise = {"step": "normalize", "detail": f"mean [{shown[0]}], std [{shown[1]}]", "as_trained": True}
+            steps.append([*prepared.steps, normalise])
+    return BatchNormalizer(mean, std)(torch.stack(batch))
 
 
 def _predict(model, inputs, k: int):
@@ -166,12 +188,34 @@ def write_sheet(path: str, images: list, results: list[dict]) -> None:
         plt.close(fig)
 
 
+def explain(results: list[dict], config: dict, record: dict) -> list[str]:
+    """The preprocessing in words: the training pipeline every image got, then each image that got more."""
+    from accel_train.preprocess import pipeline
+
+    size, channels = int(config.get("image_size", 28)), int(config.get("in_channels", 1))
+    where = f"{config['dataset']}'s training images" if config.get("dataset") else "the training images"
+    lines = [f"preprocessing: as {where}: {pipeline(record, channels, size)} with config.json's mean/std"]
+    extra = 0
+    for result in results:
+        added = [f"{s['step']} ({s['detail']})" for s in result["preprocess"] if not s["as_trained"]]
+        if added:
+            extra += 1
+            lines.append(f"preprocessing: {result['image']}: also {'; '.join(added)}")
+    if not extra:
+        lines.append(f"preprocessing: nothing else: no image needed {_ADAPTATIONS[record['fit']]}")
+    return lines
+
+
+_ADAPTATIONS = {"stretch": "inverting", "pad": "inverting or padding", "digit": "inverting or digit framing"}
+
+
 def run(args: argparse.Namespace) -> int:
     import json
+    import sys
 
     from accel_train.checkpoint.weights import load_model
     from accel_train.errors import UserError
-    from accel_train.preprocess import RAW, check_preprocess
+    from accel_train.preprocess import check_preprocess
 
     if args.top_k < 1:
         raise UserError("--top-k must be at least 1")
@@ -182,21 +226,24 @@ def run(args: argparse.Namespace) -> int:
         check_output_file(args.sheet, "--sheet", suffixes=(".png",), overwrite=args.overwrite, inputs=inputs)
     paths = _expand(args.images)
     model, config = load_model(args.weights, allow_import=args.allow_import)
-    record = RAW if args.raw else check_preprocess(config, f"{args.weights} (config.json)")
+    record = check_preprocess(config, f"{args.weights} (config.json)")
     originals: list = []
-    inputs = _load_images(paths, config, record, originals if args.sheet else None)
+    steps: list = []
+    inputs = _load_images(paths, config, record, originals if args.sheet else None, steps, adapt=not args.raw)
     top_p, top_i = _predict(model, inputs, args.top_k)
     names = config.get("class_names")
     results = []
-    for path, ps, idx in zip(paths, top_p.tolist(), top_i.tolist(), strict=True):
+    for path, ps, idx, done in zip(paths, top_p.tolist(), top_i.tolist(), steps, strict=True):
         classes = [
             {"index": i, "class": str(names[i]) if names and i < len(names) else str(i), "prob": p}
             for p, i in zip(ps, idx, strict=True)
         ]
-        results.append({"image": path, "top_k": classes})
+        results.append({"image": path, "top_k": classes, "preprocess": done})
     if args.json:
         print(json.dumps(results, indent=2))
     else:
+        for line in explain(results, config, record):  # stderr: stdout stays one line per image
+            print(line, file=sys.stderr)
         for result in results:
             shown = "  ".join(f"{c['class']} {c['prob']:.4f}" for c in result["top_k"])
             print(f"{result['image']}: {shown}")

@@ -1,10 +1,11 @@
 """``imagefolder:<path>``: a folder with one subfolder of images per class.
 
-Layouts: ``<path>/<class>/<image>`` (split deterministically by ``cfg.val_split``
-and ``cfg.seed``, stratified by class) or ``<path>/train/<class>/...`` plus
-``<path>/test/<class>/...`` (``val``/``validation`` are accepted for ``test``).
-The files are indexed with the ``datasets`` library's ``imagefolder`` builder
-(works offline) and decoded lazily, one image per ``__getitem__``.
+Layouts: ``<path>/<class>/<image>`` (training holds out ``cfg.val_split`` of it, chosen
+deterministically by ``cfg.seed`` and stratified by class; ``accel-evaluate`` scores every
+image, see :func:`build_imagefolder_eval`) or ``<path>/train/<class>/...`` plus
+``<path>/test/<class>/...`` (``val``/``validation`` are accepted for ``test``; a test folder
+alone can be evaluated, not trained on). The files are indexed with the ``datasets`` library's
+``imagefolder`` builder (works offline) and decoded lazily, one image per ``__getitem__``.
 
 Also home of the image helpers ``hf.py`` shares: :func:`infer_channels`,
 :func:`image_to_chw`, :func:`images_to_nchw` and :class:`LazyImageDataset`.
@@ -277,17 +278,33 @@ def _class_dirs(directory: Path, extensions: frozenset[str]) -> dict[str, int]:
     return counts
 
 
-def _check_classes(directory: Path, extensions: frozenset[str]) -> None:
+def _check_classes(directory: Path, extensions: frozenset[str], least: int = 2) -> None:
     counts = _class_dirs(directory, extensions)
     with_images = [name for name, n in counts.items() if n > 0]
     layout = f"expected {directory}/<class name>/<image file>, one subfolder per class"
     if not with_images:
         what = "no class subfolders" if not counts else f"no image files in its subfolders ({', '.join(counts)})"
         raise UserError(f"empty folder: {directory} has {what}; {layout}")
-    if len(with_images) < 2:
+    if len(with_images) < least:
         raise UserError(
             f"{directory} has images for only one class ({with_images[0]!r}); need at least 2 classes: {layout}"
         )
+
+
+def imagefolder_layout(root: Path) -> tuple[str, Path]:
+    """How ``root`` is laid out, and the folder holding its test images.
+
+    ``("split", root/test)``: ``train/`` and ``test/`` (or ``val/``, ``validation/``); ``("test", root/test)``: a
+    test folder is the only subfolder with images; ``("classes", root)``: class subfolders, no split of their own.
+    """
+    extensions = image_extensions()
+    test_dir = next((root / n for n in TEST_DIR_NAMES if (root / n).is_dir()), None)
+    if test_dir is None:
+        return "classes", root
+    if (root / "train").is_dir():
+        return "split", test_dir
+    with_images = [name for name, n in _class_dirs(root, extensions).items() if n > 0]
+    return ("test", test_dir) if with_images == [test_dir.name] else ("classes", root)
 
 
 @contextmanager
@@ -328,18 +345,48 @@ def _load_imagefolder(data_files: dict[str, str], where: Path):
     return dd
 
 
-def build_imagefolder(cfg: DataConfig, path: str) -> DataSplits:
-    """Classification data from a folder of class subfolders (see the module docstring)."""
+def _root(path: str) -> Path:
     root = Path(path).expanduser().absolute()
     if not root.is_dir():
         raise UserError(f"image folder {root} does not exist (or is not a folder); check --dataset imagefolder:<path>")
+    return root
+
+
+def _held_out(full, cfg: DataConfig, root: Path) -> tuple[list[int], list[int]]:
+    """(train, test) indices of a folder of classes: ``cfg.val_split`` held out per class, from ``cfg.seed``."""
+    labels = torch.as_tensor(full.select_columns(["label"]).with_format("numpy")[:]["label"])
+    train_idx, test_idx = stratified_split(labels, cfg.val_split, cfg.seed)
+    if len(test_idx) == 0 or len(train_idx) == 0:
+        raise UserError(
+            f"{root}: val_split={cfg.val_split} leaves an empty train or test split for {len(labels)} images; "
+            "use a val_split between 0 and 1 (or more images per class)"
+        )
+    return train_idx.tolist(), test_idx.tolist()
+
+
+def _image_size(data, requested: int | None) -> int:
+    """``requested``, else the one square size a sample of the image headers share (see choose_image_size)."""
+    import datasets
+
+    undecoded = data.cast_column("image", datasets.Image(decode=False))
+    sizes = {image_size_of(undecoded[i]["image"]) for i in sample_indices(len(undecoded), SIZE_SAMPLE)}
+    return choose_image_size(sizes, requested)
+
+
+def build_imagefolder(cfg: DataConfig, path: str) -> DataSplits:
+    """Classification data from a folder of class subfolders (see the module docstring)."""
+    root = _root(path)
     extensions = image_extensions()
-    test_dir = next((root / n for n in TEST_DIR_NAMES if (root / n).is_dir()), None)
-    split_layout = (root / "train").is_dir() and test_dir is not None
+    layout, test_dir = imagefolder_layout(root)
+    if layout == "test":
+        raise UserError(
+            f"{root} holds only {test_dir.name}/: nothing to train on; put the training images in "
+            f"{root}/train/<class name>/ (eval.py evaluates {test_dir.name}/ as it is)"
+        )
+    split_layout = layout == "split"
     # every image opened once first: unreadable ones are named (with a count) before datasets indexes them
     modes = check_image_files([root / "train", test_dir] if split_layout else [root], extensions, root)
     if split_layout:
-        assert test_dir is not None
         _check_classes(root / "train", extensions)
         _check_classes(test_dir, extensions)
         dd = _load_imagefolder({"train": str(root / "train" / "**"), "test": str(test_dir / "**")}, root)
@@ -347,29 +394,70 @@ def build_imagefolder(cfg: DataConfig, path: str) -> DataSplits:
     else:
         _check_classes(root, extensions)
         full = _load_imagefolder({"train": str(root / "**")}, root)["train"]
-        labels = torch.as_tensor(full.select_columns(["label"]).with_format("numpy")[:]["label"])
-        train_idx, test_idx = stratified_split(labels, cfg.val_split, cfg.seed)
-        if len(test_idx) == 0 or len(train_idx) == 0:
-            raise UserError(
-                f"{root}: val_split={cfg.val_split} leaves an empty train or test split for {len(labels)} images; "
-                "use a val_split between 0 and 1 (or more images per class)"
-            )
-        train, test = full.select(train_idx.tolist()), full.select(test_idx.tolist())
+        train_idx, test_idx = _held_out(full, cfg, root)
+        train, test = full.select(train_idx), full.select(test_idx)
     class_names = list(train.features["label"].names)
-
-    import datasets
-
-    undecoded = train.cast_column("image", datasets.Image(decode=False))
     # colour if any image has colour; decode the first image only without modes (a bad one fails later, named)
     channels = channels_for(modes) if modes else infer_channels(train[0]["image"])
-    idx = sample_indices(len(undecoded), SIZE_SAMPLE)
-    sizes = {image_size_of(undecoded[i]["image"]) for i in idx}
-    size = choose_image_size(sizes, cfg.image_size)
+    size = _image_size(train, cfg.image_size)
     transform, augment = augment_for(cfg, size)
     train_ds = LazyImageDataset(train, "image", "label", channels, size, transform=transform)
     test_ds = LazyImageDataset(test, "image", "label", channels, size)
     mean, std = sample_stats(train_ds)
     info = DatasetInfo(f"imagefolder:{path}", len(class_names), channels, size, class_names, mean, std)
     extra = {"source": str(root), "augment": augment, "split": "folders" if split_layout else "stratified"}
-    extra["notes"] = mixed_modes_note(root, modes, channels)  # printed once by the run (run_plan.warn_about_run)
+    extra["notes"] = mixed_modes_note(root, modes, channels)  # printed once by the run (plan_warnings.warn_about_run)
     return DataSplits(train_ds, test_ds, info, in_memory=False, extra=extra)
+
+
+def _label_map(found: list[str], class_names: list[str] | None, folder: Path) -> dict[int, int] | None:
+    """The folder's class indices -> the model's, by name (None: the same order, or no names to go by)."""
+    if class_names is None or found == class_names[: len(found)]:
+        return None
+    unknown = [name for name in found if name not in class_names]
+    if unknown:
+        raise UserError(
+            f"{folder} has class folder(s) {', '.join(map(repr, unknown[:5]))} that the model does not know "
+            f"(its classes: {', '.join(class_names[:20])}); rename or remove them"
+        )
+    return {i: class_names.index(name) for i, name in enumerate(found)}
+
+
+def build_imagefolder_eval(
+    cfg: DataConfig, path: str, held_out: bool, channels: int | None = None, class_names: list[str] | None = None
+) -> DataSplits:
+    """The images ``accel-evaluate`` scores in ``imagefolder:path`` (``test``; ``train`` stays empty).
+
+    ``train/`` + ``test/`` (or ``val/``): the test folder; a test folder alone: all of it; class subfolders: every
+    image, or with ``held_out`` the part ``train.py`` holds out with ``cfg.val_split`` and ``cfg.seed`` (for the
+    folder the model was trained on). Images are read as ``channels`` (the model's) at ``cfg.image_size``, and
+    labelled by ``class_names`` (the model's, matched by folder name: a folder may hold a subset of the classes).
+    ``extra["evaluated"]`` says in words which images were scored.
+    """
+    root = _root(path)
+    extensions = image_extensions()
+    layout, folder = imagefolder_layout(root)
+    modes = check_image_files([folder], extensions, root)
+    _check_classes(folder, extensions, least=1)
+    data = _load_imagefolder({"train": str(folder / "**")}, root)["train"]
+    total = len(data)
+    if layout == "classes" and held_out:
+        data = data.select(_held_out(data, cfg, root)[1])
+        evaluated = (
+            f"the {len(data)} of {total} images in {root} that --val-split {cfg.val_split} --seed {cfg.seed} holds out"
+        )
+    elif layout == "classes":
+        evaluated = f"every image in {root} ({total}, no train/ or test/ subfolders)"
+    else:
+        evaluated = f"every image in {folder} ({total}, {'its test split' if layout == 'split' else 'the only split'})"
+    found = list(data.features["label"].names)
+    label_map = _label_map(found, class_names, folder)
+    channels = channels or (channels_for(modes) if modes else infer_channels(data[0]["image"]))
+    size = _image_size(data, cfg.image_size)
+    test_ds = LazyImageDataset(data, "image", "label", channels, size, label_map=label_map)
+    names = class_names or found
+    mean, std = sample_stats(test_ds)
+    info = DatasetInfo(f"imagefolder:{path}", len(names), channels, size, names, mean, std)
+    extra = {"source": str(root), "split": layout, "evaluated": evaluated}
+    empty = LazyImageDataset(data.select([]), "image", "label", channels, size)
+    return DataSplits(empty, test_ds, info, in_memory=False, extra=extra)
