@@ -19,9 +19,9 @@ import zlib
 from pathlib import Path
 
 import pytest
+from checks import raises_user_error, run_bad, snapshot
 from conftest import FAST, check, run_script
 from datafiles import undecodable_png, write_image_folder
-from test_bad_inputs import raises_user_error, run_bad, snapshot
 
 from accel_train.cli import run_main
 from accel_train.config import parse_config

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from checks import assert_one_line_error
 from conftest import REPO, check, run_here
 from safetensors.torch import load_file
-from test_bad_inputs import assert_one_line_error
 
 from accel_train.checkpoint.weights import export_weights, load_model, load_weights
 from accel_train.doctor.launching import child_env

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
-from test_bad_inputs import snapshot
+from checks import snapshot
 
 from accel_train.config import TrainConfig, parse_config
 from accel_train.errors import UserError

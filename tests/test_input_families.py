@@ -20,9 +20,9 @@ import sys
 
 import numpy as np
 import pytest
+from checks import assert_one_line_error, snapshot
 from conftest import FAST, REPO, _env, launch_cmd, run_here
 from datafiles import undecodable_png, write_image_folder
-from test_bad_inputs import assert_one_line_error, snapshot
 
 from accel_train.doctor.launching import child_pids, wait_for_step
 from accel_train.errors import PeerLostError, UserError, peer_lost

@@ -18,9 +18,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from checks import assert_one_line_error
 from conftest import SMALL_RUN, check, run_here
 from datafiles import write_image_folder
-from test_bad_inputs import assert_one_line_error
 
 
 def snapshot(*roots: Path) -> dict[str, tuple]:

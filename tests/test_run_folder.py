@@ -6,7 +6,6 @@ Each test here guards one finding of the checkpoint/run-folder integrity issue.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -18,6 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
+from checks import one_error
+from checks import run_folder_snapshot as snapshot
 from conftest import FAST, REPO, check, fit_here, launch_cmd, metrics, run_here, run_script, summary
 from datafiles import undecodable_png, write_image_folder
 
@@ -25,24 +26,6 @@ from accel_train.doctor.launching import child_env, child_pids, wait_for_step
 from accel_train.run_dir import LOCK, REPLACED, RunDir, RunLock
 
 SHORT = [*FAST, "--max-steps", "12", "--checkpoint-every", "6"]
-
-
-def snapshot(folder: Path) -> dict[str, str]:
-    """Path -> content hash of every file below ``folder`` (the lock file's content is bookkeeping)."""
-    return {
-        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != LOCK
-    }
-
-
-def one_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
-    assert proc.returncode == 2, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    for needle in needles:
-        assert needle in errors[0], errors[0]
-    return errors[0]
 
 
 @pytest.fixture(scope="module")

@@ -19,9 +19,10 @@ import time
 from pathlib import Path
 
 import pytest
+from checks import one_error
+from checks import run_folder_snapshot as snapshot
 from conftest import FAST, REPO, SMALL_RUN, check, fit_here, launch_cmd, metrics, run_here, run_script, summary
 from datafiles import undecodable_png, write_image_folder
-from test_run_folder import one_error, snapshot
 
 from accel_train.doctor.launching import child_env
 from accel_train.run_dir import DISCARD, REPLACED, RESTORING, RETURNING, STAGING, RunDir

@@ -227,8 +227,8 @@ def test_text_with_a_colon_stays_as_written(tmp_path):
 
 
 def test_yaml_trap_through_the_script_is_one_line(tmp_path):
+    from checks import assert_one_line_error
     from conftest import run_here
-    from test_bad_inputs import assert_one_line_error
 
     path = write(tmp_path, "max_steps: 1:30\n")
     assert_one_line_error(run_here("train.py", "--config", str(path), "--output-dir", str(tmp_path / "r")),
