@@ -85,7 +85,7 @@ def pytest_check(ctx: Context) -> Check:
         argv += ["--timeout", "240"]
     argv += gpu_test_files()
     return Check(
-        "pytest", "the GPU-marked tests (tests/test_gpu.py)",
+        "pytest", "the GPU-marked tests (tests/integration/test_gpu.py)",
         "pytest exits 0, at least one test passed and none failed or errored (multigpu tests skip on one GPU)",
         TIMEOUTS["pytest"], [Step("pytest", argv, must_succeed=False)], J.measure_pytest, J.judge_pytest,
         exercises="single-GPU training, bf16/fp16, CPU<->GPU resume, FSDP bf16, data and augmentation on the GPU",

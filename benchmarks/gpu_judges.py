@@ -4,7 +4,7 @@ checks that stop and resume are judged in ``gpu_judges_state``, those with sever
 ``gpu_judges_parallel``, and ``gpu_runs`` reads the runs for all of them.
 
 A judge takes the measurements alone and returns ``(status, one-line detail)``, so a unit test without a
-GPU can hand it a deliberately wrong result and see it fail (tests/test_gpu_acceptance.py). Where a
+GPU can hand it a deliberately wrong result and see it fail (tests/unit/test_gpu_acceptance.py). Where a
 comparison could pass without proving anything, the check carries its own control and the judge demands
 it: the resume's RNG must have advanced (else nothing used it), the unsynchronised BatchNorm run must
 differ (else --sync-bn's agreement says nothing), the compiled run must have left inductor's kernels.

@@ -4,7 +4,7 @@
     python3 scripts/layers.py --modules  # every module on its own
 
 Imports inside functions count (they run too); imports under ``if TYPE_CHECKING:`` do not. A circle has no
-floors: the script then names it and exits 1 (``tests/test_packaging.py`` keeps the package free of them).
+floors: the script then names it and exits 1 (``tests/unit/test_packaging.py`` keeps the package free of them).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ def unwrap_model(model: nn.Module) -> nn.Module:
 
     accelerate's ``extract_model_from_parallel`` unwraps them; one call takes off only the outermost
     ``torch.compile``, so a compiled model inside DDP/DataParallel needs a second call: repeat until nothing
-    changes (tests/test_ecosystem.py shows the single call falling short).
+    changes (tests/unit/test_ecosystem.py shows the single call falling short).
 
     A model with neither ``module`` nor ``_orig_mod`` (what every one of those wrappers holds its model in)
     is returned as is: accelerate's check for ``torch.compile`` reads ``torch._dynamo``, and that import
@@ -49,7 +49,7 @@ def _strip_uniform(sd: dict[str, Tensor]) -> tuple[dict[str, Tensor], list[str]]
     # Own code, not torch's consume_prefix_in_state_dict_if_present: that one renames in place, key by key, so
     # ``module.module.x`` (a child named ``module``, under DDP) overwrites ``module.x`` before that key is renamed
     # itself, and a tensor is lost; and it strips keys that have the prefix even when others do not, where mixed
-    # prefixes must be left alone and reported. tests/test_ecosystem.py shows both.
+    # prefixes must be left alone and reported. tests/unit/test_ecosystem.py shows both.
     prefixes: list[str] = []
     while sd:
         for prefix in WRAPPER_PREFIXES:

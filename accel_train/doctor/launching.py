@@ -3,7 +3,7 @@ child runs, and watching a launched run (its steps, its ranks).
 
 The doctor's ``--smoke`` and its launch plan use it; so do the benchmark, ``scripts/soak.py`` and the tests,
 which all start the real scripts. It lives in the doctor's room, not on the training path: a run never imports
-it (``tests/test_packaging.py``). ``REPO``: the checkout the scripts are in.
+it (``tests/integration/test_packaging_runs.py``). ``REPO``: the checkout the scripts are in.
 """
 
 from __future__ import annotations

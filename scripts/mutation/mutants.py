@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGE = "accel_train"
-#: The promises every mutant list must cover (tests/test_mutation_check.py checks each has a mutant).
+#: The promises every mutant list must cover (tests/unit/test_mutation_check.py checks each has a mutant).
 PROMISES = (
     "unwrapping and export",
     "resume state",
@@ -53,45 +53,45 @@ def _m(name: str, promise: str, file: str, old: str, new: str, *tests: str, equi
     return Mutant(name, promise, f"{PACKAGE}/{file}", old, new, tuple(tests), equivalent)
 
 
-T_PROMISES = "tests/test_promises.py"
+T_PROMISES = "tests/integration/test_promises_runs.py"
 # fmt: off
 MUTANTS: tuple[Mutant, ...] = (
     # ---- unwrapping and export -------------------------------------------------------------------------------------
     _m("export-keeps-wrapper-prefix", "unwrapping and export", "checkpoint/weights.py",
        "    sd, _ = _strip_uniform(dict(sd))\n", "    sd = dict(sd)\n",
-       f"{T_PROMISES}::test_a_compiled_models_export_has_no_wrapper_prefix"),
+       "tests/unit/test_promises.py::test_a_compiled_models_export_has_no_wrapper_prefix"),
     _m("reader-keeps-wrapper-prefix", "unwrapping and export", "checkpoint/sources.py",
        "    sd, prefixes = _strip_uniform(raw)\n", "    sd, prefixes = dict(raw), []\n",
-       "tests/test_weights.py::test_prefixes_reported_in_order"),
+       "tests/unit/test_weights.py::test_prefixes_reported_in_order"),
     # matters where accelerate's save_state sees a wrapper: DataParallel (rt.prepare_model wraps before accelerate)
     # and a model the caller compiled (accel_train.train(torch.compile(m))); under DDP it saves the inner module
     _m("checkpoint-keeps-wrapper-prefix", "unwrapping and export", "checkpoint/state.py",
        "weights[i] = {strip_key(k): v for k, v in sd.items()}", "weights[i] = dict(sd)",
-       "tests/test_promises.py::test_a_caller_compiled_model_checkpoints_without_prefix_and_resumes"),
+       "tests/unit/test_promises.py::test_a_caller_compiled_model_checkpoints_without_prefix_and_resumes"),
     _m("strip-key-strips-one-prefix", "unwrapping and export", "checkpoint/keys.py",
        "    while key.startswith(WRAPPER_PREFIXES):", "    if key.startswith(WRAPPER_PREFIXES):",
-       "tests/test_runtime.py::test_data_parallel_wrapper_uses_every_visible_gpu_and_checkpoints_stay_unwrapped"),
+       "tests/unit/test_runtime.py::test_data_parallel_wrapper_uses_every_visible_gpu_and_checkpoints_stay_unwrapped"),
     # ---- resume state ----------------------------------------------------------------------------------------------
     _m("scheduler-not-restored", "resume state", "checkpoint/state.py",
        "    if scheduler is not None:\n        _restore_scheduler(",
        "    if scheduler is None:\n        _restore_scheduler(",
-       "tests/test_trainer.py::test_stop_at_step_then_resume_logs_what_an_uninterrupted_run_logs",
-       "tests/test_resume.py::test_exact_resume_one_process_is_bitwise"),
+       "tests/integration/test_trainer_runs.py::test_stop_at_step_then_resume_logs_what_an_uninterrupted_run_logs",
+       "tests/integration/test_resume.py::test_exact_resume_one_process_is_bitwise"),
     _m("log-window-not-restored", "resume state", "build.py",
        'window.restore(state.extra.get("log_window"), acc.is_main_process)',
        "window.restore(None, acc.is_main_process)",
-       "tests/test_trainer.py::test_stop_at_step_then_resume_logs_what_an_uninterrupted_run_logs"),
+       "tests/integration/test_trainer_runs.py::test_stop_at_step_then_resume_logs_what_an_uninterrupted_run_logs"),
     _m("early-stop-counter-not-restored", "resume state", "features/__init__.py",
        'self.early.restore(extra.get("early_stop"), str(checkpoint))', "self.early.restore(None, str(checkpoint))",
-       "tests/test_features.py::test_early_stopping_stops_cleanly_and_resumes_to_the_same_step"),
+       "tests/integration/test_features_runs.py::test_early_stopping_stops_cleanly_and_resumes_to_the_same_step"),
     # ---- data order ------------------------------------------------------------------------------------------------
     _m("sampler-ignores-epoch", "data order", "data/pipeline.py",
        "manual_seed(self.seed * 100_003 + self.epoch)", "manual_seed(self.seed * 100_003)",
-       "tests/test_runtime.py::test_sampler_order_depends_on_seed_and_epoch_only"),
+       "tests/unit/test_runtime.py::test_sampler_order_depends_on_seed_and_epoch_only"),
     _m("loader-epoch-not-set", "data order", "trainer.py",
        "        self.train_dl.set_epoch(state.epoch)\n        loader = self.train_dl\n",
        "        loader = self.train_dl\n",
-       "tests/test_resume.py::test_exact_resume_one_process_is_bitwise"),
+       "tests/integration/test_resume.py::test_exact_resume_one_process_is_bitwise"),
     _m("resume-skips-steps-not-micro-batches", "data order", "trainer.py",
        "state.step_in_epoch * self.plan.accum_steps)", "state.step_in_epoch)",
        f"{T_PROMISES}::test_mid_epoch_resume_with_gradient_accumulation_is_bit_identical"),
@@ -99,26 +99,26 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("global-batch-ignores-accumulation", "global batch and accumulation", "data/pipeline.py",
        "BatchPlan(batch_size * world_size * grad_accum_steps, batch_size,",
        "BatchPlan(batch_size * world_size, batch_size,",
-       "tests/test_runtime.py::test_batch_plans"),
+       "tests/unit/test_runtime.py::test_batch_plans"),
     # 12 per process under a cap of 5: ceil gives 3 x 4, the floor 2 x 6, a micro-batch over the cap (a GPU OOM)
     _m("accumulation-steps-rounded-down", "global batch and accumulation", "data/pipeline.py",
        "accum = math.ceil(per_process / cap)", "accum = per_process // cap",
-       "tests/test_runtime.py::test_batch_plans"),
+       "tests/unit/test_runtime.py::test_batch_plans"),
     _m("accelerator-accumulation-not-set", "global batch and accumulation", "build.py",
        "    acc.gradient_accumulation_steps = plan.accum_steps\n", "    acc.gradient_accumulation_steps = 1\n",
        f"{T_PROMISES}::test_mid_epoch_resume_with_gradient_accumulation_is_bit_identical",
-       "tests/test_data_e2e.py::test_global_batch_gives_the_same_weights_on_every_setup"),
+       "tests/integration/test_data_e2e.py::test_global_batch_gives_the_same_weights_on_every_setup"),
     _m("samples-seen-counts-micro-batches", "global batch and accumulation", "trainer.py",
        "state.samples_seen += self.plan.global_batch", "state.samples_seen += self.plan.micro_batch",
-       "tests/test_trainer.py::test_step_accounting_with_accumulation_and_checkpoint_cadence"),
+       "tests/integration/test_trainer_runs.py::test_step_accounting_with_accumulation_and_checkpoint_cadence"),
     # ---- distributed evaluation ------------------------------------------------------------------------------------
     _m("eval-counts-padded-samples", "distributed evaluation", "evaluation.py",
        "acc.gather_for_metrics((preds, labels, losses))", "acc.gather((preds, labels, losses))",
-       "tests/test_train_e2e.py::test_parity_one_process_vs_two_and_exact_eval"),
+       "tests/integration/test_train_e2e.py::test_parity_one_process_vs_two_and_exact_eval"),
     # eval_loss becomes about eval_loss / batch size, and depends on the eval batch and the number of processes
     _m("eval-loss-averages-batch-means", "distributed evaluation", "evaluation.py",
        "loss_sum += losses.double().sum()", "loss_sum += losses.double().mean()",
-       "tests/test_promises.py::test_eval_loss_is_the_mean_over_samples_with_uneven_batches"),
+       "tests/unit/test_promises.py::test_eval_loss_is_the_mean_over_samples_with_uneven_batches"),
     # ---- main-process writes ---------------------------------------------------------------------------------------
     _m("export-on-every-rank", "main-process writes", "trainer.py",
        '        if self.rt.is_main:\n            export_weights(state_dict, out_dir, self.meta["model_config"])\n',
@@ -131,44 +131,44 @@ MUTANTS: tuple[Mutant, ...] = (
     # ---- run-folder replacement ------------------------------------------------------------------------------------
     _m("overwrite-discards-before-first-checkpoint", "run-folder replacement", "run_dir.py",
        "                self._stage()\n", "                self._stage()\n                self.commit_replace()\n",
-       "tests/test_run_folder.py::test_overwrite_that_fails_leaves_the_previous_run_intact"),
+       "tests/integration/test_run_folder_runs.py::test_overwrite_that_fails_leaves_the_previous_run_intact"),
     _m("overwrite-never-discards", "run-folder replacement", "run_dir.py",
        "        if not self.staged:\n            return\n", "        if self.staged:\n            return\n",
-       "tests/test_run_folder.py::test_overwrite_removes_exactly_what_a_run_wrote"),
+       "tests/integration/test_run_folder_runs.py::test_overwrite_removes_exactly_what_a_run_wrote"),
     _m("overwrite-takes-a-foreign-folder", "run-folder replacement", "run_dir.py",
        "if present and not self.holds_run():", "if present and not overwrite and not self.holds_run():",
-       "tests/test_run_folder.py::test_roots_home_and_foreign_folders_are_refused"),
+       "tests/integration/test_run_folder_runs.py::test_roots_home_and_foreign_folders_are_refused"),
     # ---- safe loading ----------------------------------------------------------------------------------------------
     _m("weights-reader-unpickles-code", "safe loading", "checkpoint/sources.py",
        'return torch.load(path, map_location="cpu", weights_only=True)',
        'return torch.load(path, map_location="cpu", weights_only=False)',
-       "tests/test_weights.py::test_malicious_pickle_is_refused_and_never_runs"),
+       "tests/unit/test_weights.py::test_malicious_pickle_is_refused_and_never_runs"),
     _m("checkpoint-verify-unpickles-code", "safe loading", "checkpoint/safe_load.py",
        'torch.load(source, map_location="cpu", weights_only=True, mmap=mmap)',
        'torch.load(source, map_location="cpu", weights_only=False, mmap=mmap)',
-       "tests/test_checkpoint_integrity.py::test_malicious_state_file_is_refused"),
+       "tests/integration/test_checkpoint_integrity.py::test_malicious_state_file_is_refused"),
     _m("checkpoint-verify-accepts-unknown-files", "safe loading", "checkpoint/safe_load.py",
        "if not entry.is_file() or not _KNOWN_FILE.match(entry.name):",
        "if not entry.is_file() and not _KNOWN_FILE.match(entry.name):",
-       "tests/test_checkpoint_integrity.py::test_unknown_entry_in_checkpoint_is_refused"),
+       "tests/integration/test_checkpoint_integrity.py::test_unknown_entry_in_checkpoint_is_refused"),
     # PyYAML's full loader runs `!!python/object/apply:os.system [...]` while constructing the document
     _m("yaml-config-full-loader", "safe loading", "config_yaml.py",
        'base = getattr(yaml, "CSafeLoader", None) or yaml.SafeLoader',
        'base = getattr(yaml, "CLoader", None) or yaml.Loader',
-       "tests/test_yaml_safety.py", "tests/test_input_families.py::test_yaml_surprises_for_text_fields_are_one_line"),
+       "tests/unit/test_yaml_safety.py", "tests/integration/test_yaml_safety_runs.py", "tests/integration/test_input_families_runs.py::test_yaml_surprises_for_text_fields_are_one_line"),
     # ---- schedule --------------------------------------------------------------------------------------------------
     _m("cosine-half-period", "schedule", "schedule.py",
        "math.cos(math.pi * progress)", "math.cos(0.5 * math.pi * progress)",
-       "tests/test_runtime.py::test_lr_schedule_is_a_pure_function_of_the_step"),
+       "tests/unit/test_runtime.py::test_lr_schedule_is_a_pure_function_of_the_step"),
     _m("warmup-starts-a-step-late", "schedule", "schedule.py",
        "(1.0 - warmup_from) * (step + 1) / warmup_steps", "(1.0 - warmup_from) * step / warmup_steps",
-       "tests/test_runtime.py::test_lr_schedule_is_a_pure_function_of_the_step"),
+       "tests/unit/test_runtime.py::test_lr_schedule_is_a_pure_function_of_the_step"),
     # after a warm-up the LR drops at once to the value warmup_steps later (test_airbench derives its expected LRs
     # from lr_factor itself, so it moves with the mutant)
     _m("decay-counts-warmup-steps", "schedule", "schedule.py",
        "progress = min(1.0, (step - warmup_steps) / span)", "progress = min(1.0, step / span)",
-       "tests/test_runtime.py::test_lr_schedule_is_a_pure_function_of_the_step",
-       "tests/test_airbench.py::test_the_recipe_trains_with_its_settings"),
+       "tests/unit/test_runtime.py::test_lr_schedule_is_a_pure_function_of_the_step",
+       "tests/integration/test_airbench_runs.py::test_the_recipe_trains_with_its_settings"),
     # ---- clipping --------------------------------------------------------------------------------------------------
     _m("clipping-switched-off", "clipping", "trainer.py",
        "cfg.max_grad_norm > 0", "cfg.max_grad_norm < 0",
@@ -186,33 +186,33 @@ MUTANTS: tuple[Mutant, ...] = (
        f"{T_PROMISES}::test_best_step_is_the_best_eval_and_best_holds_its_weights"),
     _m("early-stop-patience-off-by-one", "best and early stopping", "features/early_stop.py",
        "if self.bad_evals < self.patience:", "if self.bad_evals <= self.patience:",
-       "tests/test_features.py::test_early_stopping_counts_each_step_once_and_refuses_a_corrupt_state",
-       "tests/test_features.py::test_early_stopping_stops_cleanly_and_resumes_to_the_same_step"),
+       "tests/unit/test_features.py::test_early_stopping_counts_each_step_once_and_refuses_a_corrupt_state",
+       "tests/integration/test_features_runs.py::test_early_stopping_stops_cleanly_and_resumes_to_the_same_step"),
     _m("early-stop-ignores-min-delta", "best and early stopping", "features/early_stop.py",
        "accuracy > self.best + self.min_delta", "accuracy > self.best",
-       "tests/test_features.py::test_early_stopping_stops_cleanly_and_resumes_to_the_same_step",
-       "tests/test_features.py::test_early_stopping_counts_each_step_once_and_refuses_a_corrupt_state"),
+       "tests/integration/test_features_runs.py::test_early_stopping_stops_cleanly_and_resumes_to_the_same_step",
+       "tests/unit/test_features.py::test_early_stopping_counts_each_step_once_and_refuses_a_corrupt_state"),
     # ---- retention -------------------------------------------------------------------------------------------------
     _m("keep-last-keeps-one-more", "retention", "checkpoint/state.py",
        "ckpts[: max(0, len(ckpts) - keep_last)]", "ckpts[: max(0, len(ckpts) - keep_last - 1)]",
-       "tests/test_resume.py::test_checkpoint_naming_after_resume_and_keep_last"),
+       "tests/integration/test_resume.py::test_checkpoint_naming_after_resume_and_keep_last"),
     _m("resumed-checkpoint-protected-one-save-longer", "retention", "trainer.py",
        "self.saves + 1 < cfg.keep_last", "self.saves < cfg.keep_last",
        f"{T_PROMISES}::test_retention_after_a_resume_keeps_exactly_keep_last_after_every_save"),
     # ---- parity (same global batch, same weights on any number of processes) ---------------------------------------
     _m("global-batch-not-split-across-processes", "parity", "data/pipeline.py",
        "per_process = global_batch_size // world_size", "per_process = global_batch_size",
-       "tests/test_runtime.py::test_batch_plans"),
+       "tests/unit/test_runtime.py::test_batch_plans"),
     # 1 x 32 sums 32 losses, 2 x 16 sums 16 per rank and DDP averages the ranks: gradients half as large (hidden by
     # clipping, which rescales both to --max-grad-norm, and by Adam, which is scale-invariant)
     _m("loss-summed-not-averaged", "parity", "features/__init__.py",
        "return F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)",
        'return F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing, reduction="sum")',
-       "tests/test_promises.py::test_the_loss_is_a_mean_so_accumulation_changes_nothing"),
+       "tests/integration/test_promises_runs.py::test_the_loss_is_a_mean_so_accumulation_changes_nothing"),
     _m("dropout-keyed-on-batch-position", "parity", "features/dropout.py",
        "keyed_bits(self.keys.seed, self.keys.epoch, indices, per_sample,",
        "keyed_bits(self.keys.seed, self.keys.epoch, torch.arange(x.shape[0], device=x.device), per_sample,",
-       "tests/test_features.py::test_keyed_dropout_masks_follow_the_sample_not_the_batch"),
+       "tests/unit/test_features.py::test_keyed_dropout_masks_follow_the_sample_not_the_batch"),
 )
 # fmt: on
 

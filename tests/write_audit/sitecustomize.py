@@ -1,4 +1,5 @@
-"""Records what a non-main rank writes under a folder (tests/test_promises.py: only rank 0 writes run files).
+"""Records what a non-main rank writes under a folder (tests/integration/test_promises_runs.py: only rank 0
+writes run files).
 
 Put on PYTHONPATH of a launched run with ``ACCEL_TRAIN_AUDIT_ROOT`` (the folder) and ``ACCEL_TRAIN_AUDIT_LOG``
 (a path prefix): every process whose ``RANK`` is set and not 0 appends one line per write-like event under the

@@ -1,0 +1,113 @@
+"""configs/*.yaml: the seed experiments as hyperparameter files for ``--config``.
+
+Each file parses to the seed's hyperparameters, and each really trains: two optimizer
+steps on synthetic stand-in data of the same shape (1x28x28, 10 classes).
+
+
+Whole runs and launches; the in-process tests are in ../unit/test_experiment_configs.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import FAST, REPO, check, run_here, summary
+
+from accel_train.config import parse_config
+
+CONFIG_DIR = REPO / "configs"
+
+
+EXPECTED = {
+    "seed000_mnist_cnn.yaml": {
+        "model": "mnist_cnn",
+        "dataset": "mnist",
+        "optimizer": "adam",
+        "lr": 1e-3,
+        "batch_size": 64,
+    },
+    "seed001_lenet_fashion.yaml": {
+        "model": "lenet",
+        "dataset": "fashion_mnist",
+        "optimizer": "sgd",
+        "lr": 0.2,
+        "batch_size": 256,
+        "epochs": 10,
+        "momentum": 0.0,
+        "lr_schedule": "constant",
+    },
+    "seed001_resnet18_fashion.yaml": {
+        "model": "resnet18",
+        "dataset": "fashion_mnist",
+        "optimizer": "sgd",
+        "lr": 0.1,
+        "batch_size": 256,
+        "momentum": 0.0,
+        "lr_schedule": "constant",
+    },
+}
+
+
+# synthetic stand-in with the seeds' data shape; small, because mnist_cnn has a 25088x1024 layer
+SYNTHETIC = [
+    "--dataset",
+    "synthetic",
+    "--synthetic-size",
+    "256",
+    "--synthetic-test-size",
+    "64",
+    "--synthetic-channels",
+    "1",
+    "--synthetic-image-size",
+    "28",
+    "--synthetic-classes",
+    "10",
+]
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_config_parses_to_the_seed_hyperparameters(name):
+    path = CONFIG_DIR / name
+    text = path.read_text()
+    assert text.startswith("#"), "a comment header says which seed this is and how to launch it"
+    header = "\n".join(line for line in text.splitlines() if line.startswith("#"))
+    assert "seed 00" in header and "accelerate launch" in header and "--config" in header
+    cfg = parse_config(["--config", str(path)])
+    for key, value in EXPECTED[name].items():
+        expected = pytest.approx(value) if isinstance(value, float) else value
+        assert getattr(cfg, key) == expected, (key, getattr(cfg, key))
+    assert 1 <= cfg.epochs <= 20
+    # flags override the file
+    assert parse_config(["--config", str(path), "--lr", "0.5", "--batch-size", "8"]).lr == 0.5
+    assert parse_config(["--config", str(path), "--batch-size", "8"]).batch_size == 8
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_config_trains_two_steps_on_synthetic_data(tmp_path, name):
+    out = tmp_path / "run"
+    proc = check(
+        run_here(
+            "train.py",
+            "--config",
+            str(CONFIG_DIR / name),
+            *SYNTHETIC,
+            "--max-steps",
+            "2",
+            "--batch-size",
+            "16",
+            "--no-checkpoint-epochs",
+            "--threads",
+            "1",
+            "--output-dir",
+            str(out),
+            *FAST,
+        )
+    )
+    s = summary(out)
+    assert s["global_step"] == 2
+    assert s["global_batch"] == 16
+    assert s["eval_samples"] == 64
+    expected = EXPECTED[name]
+    assert f"{expected['model']} on synthetic" in proc.stdout
+    resolved = (out / "config.yaml").read_text()
+    assert f"model: {expected['model']}" in resolved
+    assert f"optimizer: {expected['optimizer']}" in resolved

@@ -1,0 +1,264 @@
+"""Issue 25: the GPU acceptance, without a GPU.
+
+The plan fits the lent machine (each command within 570 s, all within 1650 s, the required checks named);
+a run killed with SIGKILL leaves a report of the checks done so far; a check cut by the budget or its
+timeout is "not run", never "pass" or "fail"; and every judge fails on a deliberately wrong result (an
+honest check is one seen failing). The resume judge is also shown failing on a real wrong run on the CPU:
+a checkpoint whose RNG state was swapped for another one, which accelerate restores without complaint.
+
+
+Whole runs and launches; the in-process tests are in ../unit/test_gpu_acceptance.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, fit_small
+
+from benchmarks import gpu_checks as C
+from benchmarks import gpu_judges as J
+from benchmarks import gpu_judges_state as JS
+from benchmarks import gpu_runner as R
+from benchmarks import gpu_suite as S
+
+REQUIRED = {"pytest", "throughput", "resume", "fsdp", "ddp", "sync-bn", "compile", "speedrun"}
+
+
+@pytest.fixture(scope="module")
+def plan() -> dict:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert S.main(["--plan", "--json", "--commit", "abc1234"]) == 0
+    return json.loads(out.getvalue())
+
+
+def test_plan_commands_fit_one_device_session(plan):
+    commands = plan["commands"]
+    assert all(c["timeout_s"] <= 570 for c in commands), [(c["name"], c["timeout_s"]) for c in commands]
+    assert sum(c["timeout_s"] for c in commands) == plan["total_timeout_s"] <= 1650
+    names = [n for c in commands for n in c["checks"]]
+    assert REQUIRED <= set(names) and len(names) == len(set(names))  # every check once
+    assert [c["name"] for c in plan["checks"]] == names
+    timeouts = {c["name"]: c["timeout_s"] for c in plan["checks"]}
+    for c in commands:
+        # the checks' own timeouts fit the command's budget, and the budget leaves room for start-up and the report
+        assert sum(timeouts[n] for n in c["checks"]) == c["budget_s"] < c["timeout_s"]
+        shell = c["shell"]
+        assert len(shell) < 2000  # the device tool's limit on one command line
+        assert shell.startswith(plan["install"] + " && ")
+        assert f"--only {','.join(c['checks'])} " in shell and f"--budget-s {c['budget_s']} " in shell
+        assert f"--out $OUT/{c['name']} " in shell and shell.endswith("--commit abc1234")
+        assert "PYTHONPATH=$PWD/.whl/site:$PWD " in shell
+    assert len({c["name"] for c in commands}) == len(commands)  # each writes its own report folder
+    readme = (REPO / "docs" / "gpu" / "README.md").read_text()  # the documented plan is today's plan
+    assert f"**{plan['total_timeout_s']}**" in readme
+    for i, c in enumerate(commands, 1):
+        assert f"| {i} | `$OUT/{c['name']}` |" in readme and f"| {c['budget_s']} | {c['timeout_s']} |" in readme
+
+
+def test_plan_carries_four_wheels_installed_without_dependencies(plan):
+    assert [w.split("==")[0] for w in plan["wheels"]] == ["datasets", "evaluate", "dill", "multiprocess"]
+    assert plan["download"].startswith("python3 -m pip download --no-deps --python-version 3.12 --only-binary=:all:")
+    assert plan["download"].split(" -d .whl ")[1].split() == plan["wheels"]
+    assert "--no-index --no-deps" in plan["install"] and "--target .whl/site .whl/*.whl" in plan["install"]
+    assert plan["carry"] == [".whl"]
+    assert "/.whl/" in (REPO / ".gitignore").read_text().splitlines()  # they travel only when carried
+    if (REPO / ".git").exists():
+        paths = [".whl/datasets-5.2.0-py3-none-any.whl", ".whl/site/datasets/__init__.py"]
+        ignored = subprocess.run(["git", "check-ignore", *paths], cwd=REPO, capture_output=True, text=True)
+        assert ignored.stdout.split() == paths
+
+
+def test_plan_text_names_every_check_and_command(capsys):
+    assert S.main(["--plan"]) == 0
+    text = capsys.readouterr().out
+    for name in REQUIRED:
+        assert f"    {name}: " in text
+    for flag in ("--no-tf32", "--mixed-precision fp16", "fsdp.yaml --num_processes 1", "--compile", "--sync-bn"):
+        assert flag in text, flag
+    assert "shared-gpu-rank" in text and "data-parallel" in text and "--max-device-batch auto" in text
+
+
+def test_without_cuda_the_run_is_one_line_and_exit_2(tmp_path, capsys):
+    assert S.main(["--only", "resume", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: no CUDA GPU") and "--plan" in err[0]
+    assert S.main(["--only", "nonsense"]) == 2
+    assert "unknown check(s) nonsense" in capsys.readouterr().err
+
+
+def _report(out: Path) -> dict | None:
+    try:
+        return json.loads((out / "acceptance.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def test_a_killed_acceptance_leaves_a_report_of_the_checks_done_so_far(tmp_path):
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(REPO / "scripts" / "gpu_acceptance.py"), "--fake-checks", "--out", str(out),
+           "--work", str(tmp_path / "work"), "--budget-s", "300"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    sleeper = None
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            data = _report(out)
+            if data and data["checks"][1]["status"] == R.INTERRUPTED and _sleeper(out):
+                break  # fake-a is done, fake-b is running and its output is already in its log
+            time.sleep(0.05)
+        else:
+            pytest.fail(f"the acceptance never reached fake-b: {proc.poll()} {proc.stderr.read()[-2000:]!r}")
+        sleeper = _sleeper(out)
+        proc.send_signal(signal.SIGKILL)  # nothing can be written after this
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if sleeper:
+            _kill(sleeper)
+    data = _report(out)
+    statuses = {c["name"]: c["status"] for c in data["checks"]}
+    assert statuses == {"fake-a": "pass", "fake-b": "not run (interrupted)", "fake-c": "not run (not reached)"}
+    assert data["counts"] == {"pass": 1, "fail": 0, "not run": 2} and data["environment"]["state"] == "running"
+    md = (out / "acceptance.md").read_text()
+    assert "| fake-b | not run (interrupted) |" in md and "1 passed, 0 failed, 2 not run" in md
+    assert "a done" in _text(out / "fake-a.log")
+
+
+def _sleeper(out: Path) -> int | None:
+    """The pid fake-b printed once it started (its output is in its log while it runs), or None."""
+    hit = re.search(r"^b started (\d+)$", _text(out / "fake-b.log"), re.M)
+    return int(hit.group(1)) if hit else None
+
+
+def _text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.is_file() else ""
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def test_sigterm_stops_the_child_and_writes_the_report(tmp_path):
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(REPO / "scripts" / "gpu_acceptance.py"), "--fake-checks", "--out", str(out),
+           "--work", str(tmp_path / "work")]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not _sleeper(out) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    sleeper = _sleeper(out)
+    proc.send_signal(signal.SIGTERM)
+    stdout, _ = proc.communicate(timeout=30)
+    try:
+        assert proc.returncode == 128 + signal.SIGTERM and "interrupted (SIGTERM)" in stdout
+        with pytest.raises(ProcessLookupError):
+            os.kill(sleeper, 0)  # the running check's child was stopped with it
+    finally:
+        _kill(sleeper)
+    data = _report(out)
+    assert data["environment"]["state"] == "interrupted by SIGTERM"
+    assert [c["status"] for c in data["checks"]] == ["pass", "not run (interrupted)", "not run (not reached)"]
+
+
+@pytest.fixture(scope="module")
+def cpu_resume_runs(tmp_path_factory):
+    """The resume check's runs on the CPU, where F.dropout draws from the CPU RNG: straight, stopped at 7 then
+    resumed; and the same stop resumed from a checkpoint whose RNG state was swapped for a valid other one."""
+    import torch
+
+    from accel_train.checkpoint.safe_load import RNG_FILE, safe_torch_load
+
+    root = tmp_path_factory.mktemp("cpu_resume")
+    args = ["--model", "benchmarks.gpu_models:dropout_net", "--optimizer", "sgd", "--lr", "0.05", "--max-steps", "20"]
+    mp = pytest.MonkeyPatch()
+    try:
+        for label, extra, run in (("straight", [], "straight"), ("stopped", ["--stop-at-step", "7"], "resumed")):
+            mp.setenv("GPU_PROBE_RECORD", str(root / f"{label}.jsonl"))
+            fit_small(root / run, *args, *extra)
+        shutil.copytree(root / "resumed", root / "wrong")
+        shutil.copy(root / "stopped.jsonl", root / "wrong_stopped.jsonl")
+        rng_file = root / "wrong" / "checkpoints" / "step_00000007" / RNG_FILE.format(0)
+        state = safe_torch_load(rng_file)
+        state["torch_manual_seed"] = torch.Generator().manual_seed(1234).get_state()  # valid, and wrong
+        torch.save(state, rng_file)
+        for label in ("resumed", "wrong"):
+            mp.setenv("GPU_PROBE_RECORD", str(root / f"{label}.jsonl"))
+            fit_small(root / label, *args, "--resume", "auto")
+    finally:
+        mp.undo()
+    return root
+
+
+def _cpu_measure(root: Path, run: str) -> dict:
+    stopped = "wrong_stopped" if run == "wrong" else "stopped"
+    records = [str(root / f"{label}.jsonl") for label in ("straight", stopped, run)]
+    return JS.resume_measurements(root / "straight", root / run, "resumed from step 7", records, 7, 20)
+
+
+def test_resume_measure_on_real_cpu_runs_passes_a_good_resume_and_fails_a_swapped_rng(cpu_resume_runs):
+    good = _cpu_measure(cpu_resume_runs, "resumed")
+    assert good["rng"]["cpu"] == {"advanced": True, "equal": True}  # F.dropout used the CPU RNG, and it came back
+    assert good["data_order"]["batches"] == [20, 7, 13] and good["optimizer_tensors"] > 0
+    assert JS.judge_resume(good)[0] == R.PASS, JS.judge_resume(good)
+    wrong = _cpu_measure(cpu_resume_runs, "wrong")
+    status, detail = JS.judge_resume(wrong)
+    assert status == R.FAIL and "the cpu RNG state at the end differs" in detail and "weights differ" in detail
+    assert wrong["data_order"]["max_rel_diff"] == 0.0  # the same batches: only the dropout masks changed
+
+
+def test_measures_read_real_run_folders_and_the_judges_reject_cpu_stand_ins(cpu_resume_runs, tmp_path, capsys):
+    """Every check's measure on real run folders laid out where the check puts them (CPU runs standing in for
+    the GPU ones), so a wrong file name or field shows here; each judge then fails for the stand-in's reason."""
+    import torch
+
+    ctx = R.Context(tmp_path / "work", tmp_path / "out", 1, 600)
+    checks = {c.name: c for c in C.build_checks(ctx)}
+    runs = {"straight": cpu_resume_runs / "straight", "resumed": cpu_resume_runs / "resumed"}
+    layout = {
+        "throughput": {row: "straight" for row in J.THROUGHPUT_ROWS},
+        "fsdp": {"straight": "straight", "resumed": "resumed"},
+        "compile": {"eager": "straight", "straight": "straight", "resumed": "resumed"},
+        "ddp": {"plain": "straight", "ddp": "resumed"},
+        "sync-bn": {"one": "straight", "synced": "resumed", "unsynced": "straight"},
+    }  # fmt: skip
+    for check, steps in layout.items():
+        for label, run in steps.items():
+            shutil.copytree(runs[run], checks[check].step(label).out_dir)
+    gemm = Path(checks["throughput"].step("gemm").argv[-1])
+    gemm.write_text(json.dumps({"train_flops_per_sample": 1e6, "peak_bf16_tflops": 1.0}))
+    said = {"resumed": R.StepOutput("resumed", 0, "accel_train: ... resumed from x at step 7", 1.0)}
+    said |= {"ddp": R.StepOutput("ddp", 0, "no nccl here", 1.0), "synced": R.StepOutput("synced", 0, "", 1.0)}
+    capsys.readouterr()
+    fit_small(checks["device-batch"].step("auto").out_dir, "--max-device-batch", "auto", "--global-batch-size", "32",
+              "--max-steps", "2")  # fmt: skip
+    said["auto"] = R.StepOutput("auto", 0, capsys.readouterr().out, 1.0)
+    expected = {
+        "throughput": "expected 200", "fsdp": "not FSDP at 1", "compile": "nothing was compiled",
+        "ddp": "NCCL was not initialised", "sync-bn": "did not convert", "device-batch": "ran on 'cpu'",
+    }  # fmt: skip
+    for name, why in expected.items():
+        m = checks[name].measure(ctx, said, checks[name])
+        status, detail = checks[name].judge(m)
+        assert status == R.FAIL and why in detail, (name, detail)
+    assert checks["fsdp"].measure(ctx, said, checks["fsdp"])["merge_error"]  # no sharded checkpoint to merge
+    m = checks["device-batch"].measure(ctx, said, checks["device-batch"])
+    assert m["probed_micro_batch"] == m["micro_batch"] == 32 and m["accum_steps"] == 1
+    assert torch.isfinite(torch.tensor(checks["ddp"].measure(ctx, said, checks["ddp"])["ddp_vs_plain"]))

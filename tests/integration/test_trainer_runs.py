@@ -1,0 +1,66 @@
+"""The Trainer in-process on small synthetic data: step accounting, accumulation, stops, log windows, cadence.
+
+No subprocess: these run ``accel_train.loop.fit`` (config → build → Trainer) in the test process, so
+each costs about a second.
+
+
+Whole runs and launches; the in-process tests are in ../unit/test_trainer.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import fit_small
+
+
+def _fit(out: Path, *args: str) -> dict:
+    return fit_small(out, "--log-every", "2", *args)
+
+
+def _events(out: Path, kind: str) -> list[dict]:
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if r["event"] == kind]
+
+
+def _checkpoint_steps(out: Path) -> list[int]:
+    return sorted(int(p.name.split("_")[1]) for p in (out / "checkpoints").iterdir())
+
+
+def test_step_accounting_with_accumulation_and_checkpoint_cadence(tmp_path):
+    out = tmp_path / "run"
+    summary = _fit(out, "--grad-accum-steps", "2", "--max-steps", "7", "--checkpoint-every", "3", "--keep-last", "9")
+    assert summary["global_step"] == 7 and summary["accum_steps"] == 2
+    assert summary["global_batch"] == 32 and summary["samples_seen"] == 7 * 32
+    assert summary["epochs_completed"] == 0  # 256 samples / 32 = 8 steps per epoch: 7 is mid-epoch
+    assert [e["step"] for e in _events(out, "train")] == [2, 4, 6]
+    assert _checkpoint_steps(out) == [3, 6, 7]  # every 3, plus the resumable mid-epoch end
+    progress = json.loads((out / "checkpoints" / "step_00000007" / "progress.json").read_text())
+    assert progress["state"]["step_in_epoch"] == 7 and progress["scheduler"]["last_epoch"] == 7
+    assert (out / "model" / "model.safetensors").is_file() and (out / "best" / "model.safetensors").is_file()
+
+
+def test_epoch_ends_evaluate_and_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    summary = _fit(out, "--epochs", "2")
+    assert summary["global_step"] == 32 and summary["epochs_completed"] == 2  # 256 samples / 16 per step
+    assert [e["step"] for e in _events(out, "eval")] == [16, 32]  # one per epoch end; the final one not twice
+    assert [e["epoch"] for e in _events(out, "epoch")] == [1, 2]
+    assert _checkpoint_steps(out) == [16, 32]
+
+
+def test_stop_at_step_then_resume_logs_what_an_uninterrupted_run_logs(tmp_path):
+    """The open log window travels in the checkpoint: a stop between two log steps changes no logged value."""
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    _fit(straight, "--max-steps", "12")
+    summary = _fit(stopped, "--max-steps", "12", "--stop-at-step", "5")
+    assert summary == {"stopped": "--stop-at-step 5", "global_step": 5, "exit_code": 0}
+    assert _checkpoint_steps(stopped) == [5]
+    _fit(stopped, "--max-steps", "12", "--resume", "auto")
+    assert _events(stopped, "resume")[0]["step"] == 5
+    for a, b in zip(_events(straight, "train"), _events(stopped, "train"), strict=True):
+        assert a["step"] == b["step"]
+        for key in ("loss", "accuracy", "lr"):
+            assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), (a["step"], key)

@@ -1,0 +1,442 @@
+"""Real on-disk formats: MNIST/Fashion-MNIST IDX, CIFAR-10 pickles, image folders, ``save_to_disk`` dirs."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import pickle
+import re
+import sys
+import urllib.error
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from datafiles import (
+    CIFAR10_LABEL_NAMES,
+    HF_CLASS_NAMES,
+    MNIST_NAMES,
+    write_cifar10,
+    write_hf_disk,
+    write_image_folder,
+    write_mnist_idx,
+)
+
+from accel_train.data import DataConfig, build_dataset, collate_batch
+from accel_train.data.base import TensorImageDataset
+from accel_train.data.folder import LazyImageDataset
+from accel_train.data.vision import read_cifar_pickle, read_idx
+from accel_train.errors import UserError
+
+PACKAGE = Path(__file__).resolve().parents[2] / "accel_train"
+IDX_FILES = [name for pair in MNIST_NAMES.values() for name in pair]
+
+
+def _cfg(**kw) -> DataConfig:
+    return DataConfig(**kw)
+
+
+def _listing(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
+
+
+# --------------------------------------------------------------------------- MNIST / Fashion-MNIST
+
+
+@pytest.mark.parametrize("gz", [False, True])
+@pytest.mark.parametrize(
+    ("dataset", "subdir", "first_name", "mean"),
+    [("mnist", "MNIST", "0", 0.1307), ("fashion_mnist", "FashionMNIST", "T-shirt/top", 0.2860)],
+)
+def test_idx_datasets_load(tmp_path, gz, dataset, subdir, first_name, mean):
+    write_mnist_idx(tmp_path, subdir=subdir, n_train=40, n_test=20, gz=gz)
+    splits = build_dataset(_cfg(dataset=dataset, data_dir=str(tmp_path)))
+    assert splits.in_memory is True
+    assert isinstance(splits.train, TensorImageDataset) and isinstance(splits.test, TensorImageDataset)
+    assert splits.train.images.shape == (40, 1, 28, 28) and splits.train.images.dtype == torch.uint8
+    assert splits.test.images.shape == (20, 1, 28, 28)
+    assert splits.train.labels.tolist() == [i % 10 for i in range(40)]
+    info = splits.info
+    assert (info.name, info.num_classes, info.in_channels, info.image_size) == (dataset, 10, 1, 28)
+    assert len(info.class_names) == 10 and info.class_names[0] == first_name
+    assert info.mean == (mean,)
+    assert splits.extra["augment"] is None and splits.train.transform is None
+    image, label = splits.train[3]
+    assert image.shape == (1, 28, 28) and label == 3
+
+
+def test_idx_pixels_match_file(tmp_path):
+    raw = write_mnist_idx(tmp_path)
+    expected = read_idx(raw / "train-images-idx3-ubyte", 0x00000803)
+    splits = build_dataset(_cfg(dataset="mnist", data_dir=str(tmp_path)))
+    assert torch.equal(splits.train.images[:, 0], torch.from_numpy(expected))
+
+
+def test_mnist_resize_and_augment(tmp_path):
+    write_mnist_idx(tmp_path)
+    splits = build_dataset(_cfg(dataset="mnist", data_dir=str(tmp_path), image_size=32, augment=True))
+    assert splits.train.images.shape == (40, 1, 32, 32) and splits.train.images.dtype == torch.uint8
+    assert splits.info.image_size == 32
+    assert splits.extra["augment"] and "crop" in splits.extra["augment"]
+    images, labels = splits.train.__getitems__([0, 1, 2])
+    assert images.shape == (3, 1, 32, 32) and images.dtype == torch.uint8 and labels.tolist() == [0, 1, 2]
+    assert splits.test.transform is None
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_mnist_missing_files_no_download(tmp_path, existing):
+    root = tmp_path / "data"
+    if existing:
+        (root / "MNIST" / "raw").mkdir(parents=True)
+        (root / "keep.txt").write_text("x")
+    before = _listing(tmp_path)
+    with pytest.raises(UserError) as err:
+        build_dataset(_cfg(dataset="mnist", data_dir=str(root)))
+    message = str(err.value)
+    assert "--download" in message and str(root / "MNIST" / "raw") in message
+    assert all(name in message for name in IDX_FILES)
+    assert _listing(tmp_path) == before
+    assert root.exists() == existing
+
+
+def test_idx_corrupt_magic(tmp_path):
+    raw = write_mnist_idx(tmp_path)
+    path = raw / "train-images-idx3-ubyte"
+    data = bytearray(path.read_bytes())
+    data[:4] = (0x00000999).to_bytes(4, "big")
+    path.write_bytes(bytes(data))
+    with pytest.raises(UserError, match=r"corrupt IDX header.*train-images-idx3-ubyte.*0x00000999.*0x00000803"):
+        build_dataset(_cfg(dataset="mnist", data_dir=str(tmp_path)))
+
+
+def test_idx_corrupt_gz_magic(tmp_path):
+    raw = write_mnist_idx(tmp_path, gz=True)
+    path = raw / "t10k-labels-idx1-ubyte.gz"
+    path.write_bytes(gzip.compress(b"\x00\x00\x08\x03" + gzip.decompress(path.read_bytes())[4:]))
+    with pytest.raises(UserError, match=r"t10k-labels-idx1-ubyte\.gz.*expected 0x00000801.*--download"):
+        build_dataset(_cfg(dataset="mnist", data_dir=str(tmp_path)))
+
+
+def test_idx_truncated_and_mismatched(tmp_path):
+    raw = write_mnist_idx(tmp_path)
+    images = raw / "train-images-idx3-ubyte"
+    images.write_bytes(images.read_bytes()[:-5])
+    with pytest.raises(UserError, match=r"train-images-idx3-ubyte.*bytes"):
+        build_dataset(_cfg(dataset="mnist", data_dir=str(tmp_path)))
+    write_mnist_idx(tmp_path)  # repair
+    write_mnist_idx(tmp_path / "other", n_train=30)
+    os.replace(tmp_path / "other" / "MNIST" / "raw" / "train-labels-idx1-ubyte", raw / "train-labels-idx1-ubyte")
+    with pytest.raises(UserError, match=r"40 images but .* 30 labels"):
+        build_dataset(_cfg(dataset="mnist", data_dir=str(tmp_path)))
+
+
+def test_idx_not_gzip(tmp_path):
+    raw = write_mnist_idx(tmp_path, gz=True)
+    (raw / "train-images-idx3-ubyte.gz").write_bytes(b"definitely not gzip data")
+    with pytest.raises(UserError, match=r"train-images-idx3-ubyte\.gz"):
+        build_dataset(_cfg(dataset="mnist", data_dir=str(tmp_path)))
+
+
+# --------------------------------------------------------------------------- CIFAR-10
+
+
+def test_cifar10_loads(tmp_path):
+    directory = write_cifar10(tmp_path, n_per_batch=10, n_test=20)
+    splits = build_dataset(_cfg(dataset="cifar10", data_dir=str(tmp_path)))
+    assert splits.in_memory is True
+    assert splits.train.images.shape == (50, 3, 32, 32) and splits.train.images.dtype == torch.uint8
+    assert splits.test.images.shape == (20, 3, 32, 32)
+    info = splits.info
+    assert (info.num_classes, info.in_channels, info.image_size) == (10, 3, 32)
+    assert info.class_names == CIFAR10_LABEL_NAMES
+    assert info.mean == (0.4914, 0.4822, 0.4465) and info.std == (0.2470, 0.2435, 0.2616)
+    # planes are R, G, B: compare against the raw batch
+    raw = read_cifar_pickle(directory / "data_batch_1")
+    pixel = raw["data"][2].reshape(3, 32, 32)[:, 5, 7]
+    assert splits.train.images[2, :, 5, 7].tolist() == pixel.tolist()
+    assert splits.train.labels[:10].tolist() == raw["labels"]
+    # default augmentation on train only
+    assert splits.extra["augment"] == "random_crop(32, padding=4)+hflip"
+    assert splits.train.transform is not None and splits.test.transform is None
+    image, _ = splits.train[0]
+    assert image.shape == (3, 32, 32) and image.dtype == torch.uint8
+
+
+def test_cifar10_no_meta_no_augment_resize(tmp_path):
+    directory = write_cifar10(tmp_path, n_per_batch=4, n_test=6)
+    (directory / "batches.meta").unlink()
+    splits = build_dataset(_cfg(dataset="cifar10", data_dir=str(tmp_path), augment=False, image_size=24))
+    assert splits.info.class_names == CIFAR10_LABEL_NAMES
+    assert splits.extra["augment"] is None and splits.train.transform is None
+    assert splits.train.images.shape == (20, 3, 24, 24) and splits.info.image_size == 24
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_cifar_pickle_protocols_and_str_keys(tmp_path, protocol):
+    path = tmp_path / "batch"
+    data = np.arange(2 * 3072, dtype=np.int64).astype(np.uint8).reshape(2, 3072)
+    with open(path, "wb") as f:
+        pickle.dump({"data": data, "labels": [1, 2], b"batch_label": b"x"}, f, protocol=protocol)
+    batch = read_cifar_pickle(path)
+    assert np.array_equal(batch["data"], data) and batch["labels"] == [1, 2] and batch["batch_label"] == b"x"
+
+
+class _Evil:
+    """Unpickling this creates ``marker`` (if the unpickler lets it)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_cifar_malicious_pickle_refused(tmp_path):
+    # the payload really works with an unrestricted unpickler
+    probe = tmp_path / "probe"
+    pickle.loads(pickle.dumps({b"data": _Evil(probe)})).get(b"data").close()
+    assert probe.exists()
+
+    directory = write_cifar10(tmp_path / "data")
+    marker = tmp_path / "pwned"
+    with open(directory / "data_batch_3", "wb") as f:
+        pickle.dump({b"data": _Evil(marker), b"labels": [0]}, f, protocol=2)
+    with pytest.raises(UserError, match=r"data_batch_3 is not a CIFAR-10 batch.*malicious"):
+        build_dataset(_cfg(dataset="cifar10", data_dir=str(tmp_path / "data")))
+    assert not marker.exists()
+
+
+def test_cifar_garbage_file(tmp_path):
+    directory = write_cifar10(tmp_path)
+    (directory / "test_batch").write_bytes(b"\x80\x02not a pickle at all")
+    with pytest.raises(UserError, match=r"test_batch"):
+        build_dataset(_cfg(dataset="cifar10", data_dir=str(tmp_path)))
+
+
+def test_cifar_missing_files(tmp_path):
+    root = tmp_path / "nothing-here"
+    with pytest.raises(UserError) as err:
+        build_dataset(_cfg(dataset="cifar10", data_dir=str(root)))
+    message = str(err.value)
+    assert "--download" in message and "cifar-10-batches-py" in message
+    assert "data_batch_1" in message and "test_batch" in message
+    assert not root.exists()
+
+
+def test_package_never_calls_pickle_load():
+    offenders = [str(p) for p in PACKAGE.rglob("*.py") if re.search(r"pickle\.loads?\(", p.read_text(encoding="utf-8"))]
+    assert offenders == []
+
+
+# --------------------------------------------------------------------------- download (offline)
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """Make every torchvision download fail at once, after writing a partial file, like a dropped connection."""
+    import torchvision.datasets.utils as tv_utils
+
+    def fail_retrieve(url, filename, *args, **kwargs):
+        Path(filename).write_bytes(b"partial")
+        raise urllib.error.URLError("simulated: no network")
+
+    monkeypatch.setattr(tv_utils, "_get_redirect_url", lambda url, max_hops=3: url)
+    monkeypatch.setattr(tv_utils, "_urlretrieve", fail_retrieve)
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "fashion_mnist", "cifar10"])
+def test_download_failure_cleans_up(tmp_path, offline, dataset):
+    root = tmp_path / "new" / "data"
+    with pytest.raises(UserError, match=r"downloading \S+ into .* failed") as err:
+        build_dataset(_cfg(dataset=dataset, data_dir=str(root), download=True))
+    expected_file = "data_batch_1" if dataset == "cifar10" else "train-images-idx3-ubyte"
+    assert expected_file in str(err.value) and "network" in str(err.value)
+    assert not (tmp_path / "new").exists()
+
+
+def test_download_failure_keeps_existing_files(tmp_path, offline):
+    root = tmp_path / "data"
+    (root / "MNIST" / "raw").mkdir(parents=True)
+    (root / "MNIST" / "raw" / "train-images-idx3-ubyte").write_bytes(b"stale")
+    (root / "other.txt").write_text("keep me")
+    before = _listing(root)
+    with pytest.raises(UserError, match="download"):
+        build_dataset(_cfg(dataset="mnist", data_dir=str(root), download=True))
+    assert _listing(root) == before
+    assert (root / "MNIST" / "raw" / "train-images-idx3-ubyte").read_bytes() == b"stale"
+
+
+def test_download_success_loads_with_own_parser(tmp_path, monkeypatch):
+    import torchvision.datasets as tvd
+
+    calls = []
+
+    class FakeMNIST:
+        def __init__(self, root, train=True, download=False):
+            calls.append((root, train, download))
+            write_mnist_idx(root, gz=True)
+            Path(root, "mnist.tar.gz").write_bytes(b"an archive torchvision keeps")
+
+    monkeypatch.setattr(tvd, "MNIST", FakeMNIST)
+    splits = build_dataset(_cfg(dataset="mnist", data_dir=str(tmp_path), download=True))
+    [(staging, train, download)] = calls  # staged beside the data, then moved in
+    assert (Path(staging).parent, train, download) == (tmp_path, True, True)
+    assert _listing(tmp_path) == ["MNIST", "MNIST/raw", *sorted(f"MNIST/raw/{n}.gz" for n in IDX_FILES)]
+    assert splits.train.images.shape == (40, 1, 28, 28)
+    # files present: no second download
+    build_dataset(_cfg(dataset="mnist", data_dir=str(tmp_path), download=True))
+    assert len(calls) == 1
+
+
+# --------------------------------------------------------------------------- image folders
+
+
+def _all_samples(ds) -> tuple[torch.Tensor, list[int]]:
+    items = [ds[i] for i in range(len(ds))]
+    return torch.stack([x for x, _ in items]), [y for _, y in items]
+
+
+def test_imagefolder_stratified_split(tmp_path):
+    root = write_image_folder(tmp_path / "imgs", classes=("a", "b", "c"), per_class=6, size=16)
+    splits = build_dataset(_cfg(dataset=f"imagefolder:{root}", val_split=0.2, seed=3))
+    assert splits.in_memory is False
+    assert isinstance(splits.train, LazyImageDataset)
+    assert (len(splits.train), len(splits.test)) == (14, 4)  # datasets' train_test_split: ceil(0.2 * 18) to test
+    info = splits.info
+    assert (info.num_classes, info.in_channels, info.image_size) == (3, 3, 16)
+    assert info.class_names == ["a", "b", "c"]
+    assert len(info.mean) == 3 and len(info.std) == 3 and all(s > 0 for s in info.std)
+    assert splits.extra["source"] == str(root.absolute())
+    image, label = splits.train[0]
+    assert image.shape == (3, 16, 16) and image.dtype == torch.uint8 and isinstance(label, int)
+    _, test_labels = _all_samples(splits.test)
+    assert sorted(test_labels.count(c) for c in range(3)) == [1, 1, 2]  # stratified: 4 images over 3 classes
+
+    again = build_dataset(_cfg(dataset=f"imagefolder:{root}", val_split=0.2, seed=3))
+    x1, y1 = _all_samples(splits.test)
+    x2, y2 = _all_samples(again.test)
+    assert torch.equal(x1, x2) and y1 == y2
+    other = build_dataset(_cfg(dataset=f"imagefolder:{root}", val_split=0.2, seed=4))
+    assert not torch.equal(_all_samples(other.test)[0], x1)
+
+
+def test_imagefolder_with_splits_gray(tmp_path):
+    root = write_image_folder(tmp_path / "imgs", per_class=4, size=12, with_splits=True, mode="L")
+    splits = build_dataset(_cfg(dataset=f"imagefolder:{root}"))
+    assert (len(splits.train), len(splits.test)) == (12, 6)
+    assert splits.info.in_channels == 1 and splits.info.image_size == 12
+    images, labels = next(iter(DataLoader(splits.test, batch_size=4, collate_fn=collate_batch)))
+    assert images.shape == (4, 1, 12, 12) and images.dtype == torch.uint8 and labels.dtype == torch.int64
+
+
+def test_imagefolder_mixed_sizes_and_requested_size(tmp_path):
+    from PIL import Image
+
+    root = write_image_folder(tmp_path / "imgs", classes=("x", "y"), per_class=3, size=16)
+    for i in range(3):  # more than the split can send to test: the training images differ in size
+        Image.new("RGB", (20, 10), (10, 20, 30)).save(root / "x" / f"odd{i}.png")
+    splits = build_dataset(_cfg(dataset=f"imagefolder:{root}", val_split=0.25))
+    assert splits.info.image_size == 64 and splits.train[0][0].shape == (3, 64, 64)
+    splits = build_dataset(_cfg(dataset=f"imagefolder:{root}", val_split=0.25, image_size=8, augment=True))
+    assert splits.info.image_size == 8 and splits.train[0][0].shape == (3, 8, 8)
+    assert splits.extra["augment"] and splits.test.transform is None
+
+
+def test_imagefolder_errors(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        build_dataset(_cfg(dataset=f"imagefolder:{tmp_path / 'missing'}"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="empty folder"):
+        build_dataset(_cfg(dataset=f"imagefolder:{tmp_path / 'empty'}"))
+    (tmp_path / "empty2" / "a").mkdir(parents=True)
+    (tmp_path / "empty2" / "a" / "notes.txt").write_text("no images")
+    with pytest.raises(UserError, match="empty folder"):
+        build_dataset(_cfg(dataset=f"imagefolder:{tmp_path / 'empty2'}"))
+    one = write_image_folder(tmp_path / "one", classes=("only",), per_class=3)
+    with pytest.raises(UserError, match="need at least 2 classes"):
+        build_dataset(_cfg(dataset=f"imagefolder:{one}"))
+
+
+# --------------------------------------------------------------------------- datasets save_to_disk / hub
+
+
+def test_hf_disk_dict(tmp_path):
+    path = write_hf_disk(tmp_path / "hf", n=30)
+    splits = build_dataset(_cfg(dataset=f"hf:{path}"))
+    assert splits.in_memory is True
+    assert splits.train.images.shape == (30, 3, 16, 16) and splits.train.images.dtype == torch.uint8
+    assert splits.test.images.shape == (10, 3, 16, 16)
+    assert splits.info.class_names == HF_CLASS_NAMES and splits.info.num_classes == 3
+    assert splits.train.labels.tolist() == [i % 3 for i in range(30)]
+    red = splits.train.images[0].float().mean(dim=(1, 2))
+    assert red[0] > red[1] and red[0] > red[2]
+
+
+def test_hf_disk_plain_dataset_split(tmp_path):
+    path = write_hf_disk(tmp_path / "hf", n=30, splits=False)
+    splits = build_dataset(_cfg(dataset=f"hf:{path}", val_split=0.2, image_size=8))
+    assert (len(splits.train), len(splits.test)) == (24, 6)
+    assert splits.train.images.shape == (24, 3, 8, 8)
+    again = build_dataset(_cfg(dataset=f"hf:{path}", val_split=0.2, image_size=8))
+    assert torch.equal(splits.test.images, again.test.images)
+
+
+def test_hf_lazy_matches_in_memory(tmp_path, monkeypatch):
+    import accel_train.data.hf as hf
+
+    path = write_hf_disk(tmp_path / "hf", n=12)
+    eager = build_dataset(_cfg(dataset=f"hf:{path}"))
+    monkeypatch.setattr(hf, "MAX_IN_MEMORY_SAMPLES", 5)
+    lazy = build_dataset(_cfg(dataset=f"hf:{path}"))
+    assert lazy.in_memory is False and isinstance(lazy.train, LazyImageDataset)
+    images, labels = _all_samples(lazy.train)
+    assert torch.equal(images, eager.train.images) and labels == eager.train.labels.tolist()
+
+
+def test_hf_array_images_and_string_labels(tmp_path):
+    import datasets
+
+    rng = np.random.default_rng(0)
+    ds = datasets.Dataset.from_dict(
+        {"img": rng.integers(0, 256, size=(20, 10, 10), dtype=np.uint8).tolist(), "kind": ["dog", "cat"] * 10},
+        features=datasets.Features({"img": datasets.Array2D((10, 10), "uint8"), "kind": datasets.Value("string")}),
+    )
+    ds.save_to_disk(str(tmp_path / "arr"))
+    splits = build_dataset(_cfg(dataset=f"hf:{tmp_path / 'arr'}", label_column="kind", val_split=0.5))
+    assert splits.info.class_names == ["cat", "dog"] and splits.info.in_channels == 1
+    assert splits.train.images.shape == (10, 1, 10, 10)
+    assert sorted(splits.train.labels.tolist()) == [0] * 5 + [1] * 5
+
+
+def test_hf_missing_column(tmp_path):
+    path = write_hf_disk(tmp_path / "hf", n=9)
+    with pytest.raises(UserError, match=r"label column 'nope' not found; available columns: image, label"):
+        build_dataset(_cfg(dataset=f"hf:{path}", label_column="nope"))
+    with pytest.raises(UserError, match=r"image column 'pic' not found.*image, label"):
+        build_dataset(_cfg(dataset=f"hf:{path}", image_column="pic"))
+    import datasets
+
+    datasets.Dataset.from_dict({"pixels": [[0, 1]] * 4, "y": [0, 1] * 2}).save_to_disk(str(tmp_path / "cols"))
+    with pytest.raises(UserError, match=r"no image column found.*available columns: pixels, y"):
+        build_dataset(_cfg(dataset=f"hf:{tmp_path / 'cols'}"))
+
+
+def test_hf_hub_offline(monkeypatch):
+    import datasets
+
+    def no_network(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'someone/some-dataset' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", no_network)
+    with pytest.raises(UserError, match=r"not in the local cache.*no network"):
+        build_dataset(_cfg(dataset="hf:someone/some-dataset"))
+
+
+def test_hf_missing_local_dir(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        build_dataset(_cfg(dataset=f"hf:{tmp_path / 'nope'}"))

@@ -1,0 +1,88 @@
+"""Promises that a plausible one-line bug would break silently (issue 32): each test here fails when its promise does.
+
+Planted by hand before these tests existed, none of these bugs failed the default suite: clipping switched off,
+the best checkpoint chosen in reverse, exports keeping ``_orig_mod.``/``module.`` prefixes, every rank writing the
+run files, retention keeping one checkpoint too many between saves after a resume, and a mid-epoch resume under
+gradient accumulation. ``scripts/mutation_check.py`` plants them (and more) again and checks that they fail here.
+
+
+The in-process tests; whole runs and launches are in ../integration/test_promises_runs.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from accel_train.trainer import Trainer
+
+PREFIXES = ("module.", "_orig_mod.")
+
+
+def test_a_compiled_models_export_has_no_wrapper_prefix(tmp_path):
+    """Trainer.export through accelerate's real get_state_dict, which keeps torch.compile's wrapper."""
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+    from safetensors.torch import load_file
+
+    from accel_train.models import create_model
+
+    model = create_model("lenet", num_classes=10, in_channels=1, image_size=28)
+    model_config = {"model": "lenet", "num_classes": 10, "in_channels": 1, "image_size": 28}
+    compiled = torch.compile(model)  # nothing compiles until it is called: the wrapper is enough
+    acc = Accelerator(cpu=True)
+    assert any(k.startswith("_orig_mod.") for k in acc.get_state_dict(compiled))  # the prefix is really there
+    fake = SimpleNamespace(
+        acc=acc, model=compiled, rt=SimpleNamespace(is_main=True), meta={"model_config": model_config}
+    )
+    Trainer.export(fake, tmp_path / "model")
+    exported = load_file(str(tmp_path / "model" / "model.safetensors"))  # not our reader: it strips prefixes too
+    assert sorted(exported) == sorted(model.state_dict())
+    assert not any(k.startswith(PREFIXES) for k in exported)
+
+
+def test_a_caller_compiled_model_checkpoints_without_prefix_and_resumes(tmp_path):
+    """accelerate saves what the caller passed: a model compiled before ``train`` reaches the checkpoint hook
+    as ``OptimizedModule``, whose keys carry ``_orig_mod.``; the checkpoint stays unwrapped and resumes."""
+    from safetensors.torch import load_file
+    from torch.utils.data import TensorDataset
+
+    import accel_train
+    from accel_train.models import create_model
+
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.rand(64, 1, 16, 16, generator=g), torch.arange(64) % 4)
+    options = {"max_steps": 4, "batch_size": 16, "report_to": "none", "plots": False, "progress": False}
+    out = str(tmp_path / "run")
+
+    def compiled():
+        return torch.compile(create_model("lenet", num_classes=4, in_channels=1, image_size=16), backend="eager")
+
+    accel_train.train(compiled(), data, data, output_dir=out, stop_at_step=2, **options)
+    saved = load_file(str(tmp_path / "run" / "checkpoints" / "step_00000002" / "model.safetensors"))
+    assert saved and not any(k.startswith(PREFIXES) for k in saved), sorted(saved)[:3]
+    resumed = accel_train.train(compiled(), data, data, output_dir=out, resume="auto", **options)
+    assert resumed["global_step"] == 4
+
+
+def test_eval_loss_is_the_mean_over_samples_with_uneven_batches():
+    """``eval_loss`` is the cross-entropy averaged over samples, not over batches (10 samples in 4 + 4 + 2)."""
+    import torch.nn.functional as F
+    from accelerate import Accelerator
+
+    from accel_train.evaluation import evaluate_model
+    from accel_train.metrics import load_metric
+
+    g = torch.Generator().manual_seed(0)
+    images, labels = torch.randn(10, 6, generator=g), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2, 0])
+    model = torch.nn.Linear(6, 3)
+    loader = [(images[i : i + 4], labels[i : i + 4]) for i in range(0, 10, 4)]
+    acc = Accelerator(cpu=True)
+    result = evaluate_model(acc, model, loader, lambda x: x, load_metric("accuracy"), 3)
+    with torch.no_grad():
+        expected = F.cross_entropy(model(images), labels).item()
+        batch_means = sum(F.cross_entropy(model(x), y).item() for x, y in loader) / len(loader)
+    assert abs(expected - batch_means) > 1e-3  # the two readings really differ on these batches
+    assert result["eval_loss"] == pytest.approx(expected, rel=1e-6)
+    assert result["eval_samples"] == 10
