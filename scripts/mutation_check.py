@@ -8,9 +8,9 @@ time, and check that the default tests catch each of them.
     python3 scripts/mutation_check.py --only clipping-switched-off best-chosen-in-reverse --timeout 300
 
 Why: a green suite says the tests pass, not that they would fail on a broken promise. Before the tests of
-tests/integration/test_promises_runs.py existed, clipping switched off, the best checkpoint chosen in reverse or exports keeping
-``module.`` prefixes all passed the default suite. Each mutant (the list is in scripts/mutation/mutants.py) is
-one such bug; a mutant the tests do not catch is a promise nothing checks.
+tests/integration/test_promises_runs.py existed, clipping switched off, the best checkpoint chosen in reverse or
+exports keeping ``module.`` prefixes all passed the default suite. Each mutant (the list is in
+scripts/mutation/mutants.py) is one such bug; a mutant the tests do not catch is a promise nothing checks.
 
 How: the tracked and untracked-not-ignored files of the working tree (so uncommitted work is checked too) are
 copied into a temporary folder; there, each mutant replaces its ``old`` snippet (which must occur exactly once

@@ -155,7 +155,8 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("yaml-config-full-loader", "safe loading", "config_yaml.py",
        'base = getattr(yaml, "CSafeLoader", None) or yaml.SafeLoader',
        'base = getattr(yaml, "CLoader", None) or yaml.Loader',
-       "tests/unit/test_yaml_safety.py", "tests/integration/test_yaml_safety_runs.py", "tests/integration/test_input_families_runs.py::test_yaml_surprises_for_text_fields_are_one_line"),
+       "tests/unit/test_yaml_safety.py", "tests/integration/test_yaml_safety_runs.py",
+       "tests/integration/test_input_families_runs.py::test_yaml_surprises_for_text_fields_are_one_line"),
     # ---- schedule --------------------------------------------------------------------------------------------------
     _m("cosine-half-period", "schedule", "schedule.py",
        "math.cos(math.pi * progress)", "math.cos(0.5 * math.pi * progress)",
