@@ -63,7 +63,10 @@ def _fit(cfg: TrainConfig, run_dir: RunDir, t_launch: float, model, splits) -> d
     from accel_train.runtime import build_runtime
     from accel_train.tracking import trackers_for
 
-    rt = build_runtime(cfg, log_with=trackers_for(cfg.report_to, run_dir) or None, project_dir=run_dir.path)
+    # a resumed run logs into the tracker runs its checkpoint names (MLflow's run, W&B's, ...), not into new ones
+    resumed = read_progress(resume_path) if resume_path is not None else None
+    log_with = trackers_for(cfg.report_to, run_dir, resumed) or None
+    rt = build_runtime(cfg, log_with=log_with, project_dir=run_dir.path)
     try:
         return build_trainer(cfg, rt, run_dir, resume_path, changes, model=model, splits=splits).run(t_launch)
     except BaseException:

@@ -33,7 +33,7 @@ from accel_train.fsio import write_json_atomic
 from accel_train.meters import StepTimer, Window
 from accel_train.run_dir import BEST, CONFUSION_JSON, CONFUSION_PNG, MODEL, MODEL_EMA, SUMMARY, RunDir
 from accel_train.runtime import Runtime
-from accel_train.tracking import RunLogger
+from accel_train.tracking import TRACKER_RUNS, RunLogger, tracker_run_ids
 
 SIGNAL_VOTE_EVERY = 10  # steps between the ranks' votes on SIGTERM/SIGINT
 WARMUP_STEPS_EXCLUDED = 5  # steady-state throughput ignores the first steps (allocation, caches)
@@ -394,6 +394,7 @@ class Trainer:
         self._settle_fp16_skips()
         state.extra["train_time_s"] = self.timer.train_s
         state.extra.update(self.features.checkpoint_extra())  # EMA updates, early-stopping counter
+        state.extra[TRACKER_RUNS] = tracker_run_ids(self.acc, state.extra.get(TRACKER_RUNS))  # a resume reopens them
         path = save_checkpoint(
             self.acc,
             self.run_dir,
