@@ -67,7 +67,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # and a model the caller compiled (accel_train.train(torch.compile(m))); under DDP it saves the inner module
     _m("checkpoint-keeps-wrapper-prefix", "unwrapping and export", "checkpoint/state.py",
        "weights[i] = {strip_key(k): v for k, v in sd.items()}", "weights[i] = dict(sd)",
-       "tests/unit/test_promises.py::test_a_caller_compiled_model_checkpoints_without_prefix_and_resumes"),
+       "tests/integration/test_promises_runs.py::test_a_caller_compiled_model_checkpoints_without_prefix_and_resumes"),
     _m("strip-key-strips-one-prefix", "unwrapping and export", "checkpoint/keys.py",
        "    while key.startswith(WRAPPER_PREFIXES):", "    if key.startswith(WRAPPER_PREFIXES):",
        "tests/unit/test_runtime.py::test_data_parallel_wrapper_uses_every_visible_gpu_and_checkpoints_stay_unwrapped"),

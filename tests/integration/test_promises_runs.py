@@ -187,3 +187,27 @@ def test_ddp_exports_load_without_prefix_with_plain_safetensors(two_ranks):
         for sub in ("model", "best"):
             keys = load_file(str(run / sub / "model.safetensors")).keys()
             assert keys and not any(k.startswith(PREFIXES) for k in keys), (run, sub, sorted(keys)[:3])
+
+
+def test_a_caller_compiled_model_checkpoints_without_prefix_and_resumes(tmp_path):
+    """accelerate saves what the caller passed: a model compiled before ``train`` reaches the checkpoint hook
+    as ``OptimizedModule``, whose keys carry ``_orig_mod.``; the checkpoint stays unwrapped and resumes."""
+    from safetensors.torch import load_file
+    from torch.utils.data import TensorDataset
+
+    import accel_train
+    from accel_train.models import create_model
+
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.rand(64, 1, 16, 16, generator=g), torch.arange(64) % 4)
+    options = {"max_steps": 4, "batch_size": 16, "report_to": "none", "plots": False, "progress": False}
+    out = str(tmp_path / "run")
+
+    def compiled():
+        return torch.compile(create_model("lenet", num_classes=4, in_channels=1, image_size=16), backend="eager")
+
+    accel_train.train(compiled(), data, data, output_dir=out, stop_at_step=2, **options)
+    saved = load_file(str(tmp_path / "run" / "checkpoints" / "step_00000002" / "model.safetensors"))
+    assert saved and not any(k.startswith(PREFIXES) for k in saved), sorted(saved)[:3]
+    resumed = accel_train.train(compiled(), data, data, output_dir=out, resume="auto", **options)
+    assert resumed["global_step"] == 4

@@ -2,18 +2,18 @@
 
 No subprocess: these run ``accel_train.loop.fit`` (config → build → Trainer) in the test process, so
 each costs about a second.
-
-
-Whole runs and launches; the in-process tests are in ../unit/test_trainer.py.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
-from conftest import fit_small
+from conftest import SMALL_RUN, fit_small
+
+from accel_train.config import parse_config
 
 
 def _fit(out: Path, *args: str) -> dict:
@@ -64,3 +64,18 @@ def test_stop_at_step_then_resume_logs_what_an_uninterrupted_run_logs(tmp_path):
         assert a["step"] == b["step"]
         for key in ("loss", "accuracy", "lr"):
             assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), (a["step"], key)
+
+
+def test_a_signal_stops_at_the_next_step_boundary(tmp_path):
+    from accel_train.build import build_trainer
+    from accel_train.run_dir import RunDir
+    from accel_train.runtime import build_runtime
+
+    cfg = parse_config([*SMALL_RUN, "--log-every", "2", "--output-dir", str(tmp_path / "run"), "--max-steps", "6"])
+    trainer = build_trainer(cfg, build_runtime(cfg), RunDir(cfg.output_dir))
+    assert trainer.stop_requested() is None
+    trainer.stop_signal = signal.SIGTERM  # what the handler records
+    assert trainer.stop_requested() == "received SIGTERM"
+    summary = trainer.run(0.0)
+    assert summary == {"stopped": "received SIGTERM", "global_step": 1, "exit_code": 143}
+    assert _checkpoint_steps(tmp_path / "run") == [1]

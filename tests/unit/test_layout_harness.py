@@ -88,9 +88,11 @@ def test_the_circle_check_sees_one_closed_inside_a_function(tmp_path):
 TESTS = REPO / "tests"
 #: Names a test file takes after a review round or an issue, not after what it covers.
 ROUND_NAMES = re.compile(r"_more\b|polish|user_experience|round|finding|issue_?\d|review")
-#: What a unit test never does: train, launch, or start a script (tests/integration/ does).
+#: What a unit test never does: train (a run, the Python API ``accel_train.train``, a built Trainer's ``run``),
+#: launch, or start a script or processes (tests/integration/ does). ``model.train()`` only sets a mode.
 TRAINS = re.compile(
-    r"\b(fit|fit_here|fit_small|run_here|run_script|run_on|run_cli|run_bad|launch_cmd|script_cmd)\("
+    r"\b(fit|fit_here|fit_small|run_here|run_script|run_on|run_cli|run_bad|launch_cmd|script_cmd|build_trainer)\("
+    r"|\btrain\((?!\))|\btrainer\.run\(|\b(spawn|start_processes)\(|Popen\("
     r"|launch_once|subprocess\.|accelerate launch"
 )
 

@@ -42,30 +42,6 @@ def test_a_compiled_models_export_has_no_wrapper_prefix(tmp_path):
     assert not any(k.startswith(PREFIXES) for k in exported)
 
 
-def test_a_caller_compiled_model_checkpoints_without_prefix_and_resumes(tmp_path):
-    """accelerate saves what the caller passed: a model compiled before ``train`` reaches the checkpoint hook
-    as ``OptimizedModule``, whose keys carry ``_orig_mod.``; the checkpoint stays unwrapped and resumes."""
-    from safetensors.torch import load_file
-    from torch.utils.data import TensorDataset
-
-    import accel_train
-    from accel_train.models import create_model
-
-    g = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.rand(64, 1, 16, 16, generator=g), torch.arange(64) % 4)
-    options = {"max_steps": 4, "batch_size": 16, "report_to": "none", "plots": False, "progress": False}
-    out = str(tmp_path / "run")
-
-    def compiled():
-        return torch.compile(create_model("lenet", num_classes=4, in_channels=1, image_size=16), backend="eager")
-
-    accel_train.train(compiled(), data, data, output_dir=out, stop_at_step=2, **options)
-    saved = load_file(str(tmp_path / "run" / "checkpoints" / "step_00000002" / "model.safetensors"))
-    assert saved and not any(k.startswith(PREFIXES) for k in saved), sorted(saved)[:3]
-    resumed = accel_train.train(compiled(), data, data, output_dir=out, resume="auto", **options)
-    assert resumed["global_step"] == 4
-
-
 def test_eval_loss_is_the_mean_over_samples_with_uneven_batches():
     """``eval_loss`` is the cross-entropy averaged over samples, not over batches (10 samples in 4 + 4 + 2)."""
     import torch.nn.functional as F

@@ -1,17 +1,14 @@
 """``--sync-bn`` (issue 11, item 7): BatchNorm statistics over the global batch, on CPU/gloo too.
 
-Unit tests of :mod:`accel_train.sync_bn` (one process, then two gloo ranks) and the issue's "Done
-when": resnet18 trained as 1 x 16 and as 2 x 8 ends with the same weights and BatchNorm buffers
-with ``--sync-bn``, and visibly different ones without.
-
-
-The in-process tests; whole runs and launches are in ../integration/test_sync_bn_runs.py.
+Unit tests of :mod:`accel_train.sync_bn` in one process. Two gloo ranks against one process with the whole
+batch, and the issue's "Done when" (resnet18 trained as 1 x 16 and as 2 x 8 ends with the same weights and
+BatchNorm buffers with ``--sync-bn``, and visibly different ones without), are in
+../integration/test_sync_bn_runs.py.
 """
 
 from __future__ import annotations
 
 import copy
-from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
@@ -206,96 +203,3 @@ def test_apply_sync_bn_says_what_it_did(monkeypatch):
     model = apply_sync_bn(create_model("resnet18", 10, 1, 8), rt)
     assert not any(isinstance(m, (CpuSyncBatchNorm, nn.SyncBatchNorm)) for m in model.modules())
     assert "no effect under nn.DataParallel" in rt.warned[0]
-
-
-SPLIT = (5, 3)  # uneven on purpose: the global count, not the world size, weighs the statistics
-
-
-def _two_rank_setup():
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        # no conv biases: BatchNorm cancels them, their true gradient is 0 and float32 leaves only noise
-        nn.Conv2d(3, 4, 3, bias=False),
-        nn.BatchNorm2d(4),
-        nn.ReLU(),
-        nn.Conv2d(4, 5, 1, bias=False),
-        nn.BatchNorm2d(5, momentum=None),
-    )
-    _randomise_affine(model[1], 1)
-    _randomise_affine(model[4], 2)
-    g = torch.Generator().manual_seed(3)
-    x = [torch.randn(sum(SPLIT), 3, 6, 6, generator=g) * 2 + 1 for _ in range(2)]
-    w = [torch.randn(sum(SPLIT), 5, 4, 4, generator=g) for _ in range(2)]
-    return model, x, w
-
-
-def _two_rank_worker(rank: int, folder: str) -> None:
-    """One rank: two training steps on its share with a SUM loss, then a DDP step with a MEAN loss."""
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"file://{folder}/store", rank=rank, world_size=2, timeout=timedelta(seconds=60)
-    )
-    try:
-        model, xs, ws = _two_rank_setup()
-        model = to_cpu_sync_batchnorm(model)
-        lo = sum(SPLIT[:rank])
-        mine = slice(lo, lo + SPLIT[rank])
-        out = {"y": [], "x_grad": []}
-        for x, w in zip(xs, ws, strict=True):
-            xi = x[mine].clone().requires_grad_()
-            y = model(xi)
-            (y * w[mine]).sum().backward()
-            out["y"].append(y.detach())
-            out["x_grad"].append(xi.grad)
-        out["grads"] = {n: p.grad.clone() for n, p in model.named_parameters()}
-        out["state"] = copy.deepcopy(model.state_dict())
-        model.eval()
-        out["eval"] = model(xs[0][mine]).detach()  # running statistics: no communication
-        model.train()
-        model.zero_grad()
-        ddp = nn.parallel.DistributedDataParallel(model)
-        half = slice(4 * rank, 4 * rank + 4)  # equal halves: DDP's average of the two MEAN losses is the mean
-        (ddp(xs[1][half]) * ws[1][half]).mean().backward()
-        out["ddp_grads"] = {n: p.grad.clone() for n, p in model.named_parameters()}
-        torch.save(out, f"{folder}/rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
-
-
-def test_two_gloo_ranks_equal_one_process_with_the_whole_batch(tmp_path):
-    """Outputs, input grads, summed parameter grads, running stats and DDP grads match one process.
-
-    Each rank's loss is the SUM over its samples, so the single process's loss (the sum over all) is
-    the sum of the ranks' losses: input grads match sample by sample, parameter grads after summing
-    over ranks. The DDP step uses a MEAN loss on equal halves, which DDP's gradient average turns into
-    the single process's mean loss.
-    """
-    import torch.multiprocessing as mp
-
-    mp.start_processes(_two_rank_worker, args=(str(tmp_path),), nprocs=2, start_method="spawn")
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
-
-    model, xs, ws = _two_rank_setup()
-    for step, (x, w) in enumerate(zip(xs, ws, strict=True)):
-        xi = x.clone().requires_grad_()
-        y = model(xi)
-        (y * w).sum().backward()
-        _close(torch.cat([r["y"][step] for r in ranks]), y, 1e-5)
-        _close(torch.cat([r["x_grad"][step] for r in ranks]), xi.grad, 1e-5)
-    for name, p in model.named_parameters():
-        _close(ranks[0]["grads"][name] + ranks[1]["grads"][name], p.grad, 1e-5)
-    for key, value in model.state_dict().items():
-        for r in ranks:
-            _close(r["state"][key], value, 1e-5)
-    assert int(ranks[0]["state"]["4.num_batches_tracked"]) == 2
-
-    model.eval()
-    _close(torch.cat([r["eval"] for r in ranks]), model(xs[0]), 1e-5)
-    model.train()
-    model.zero_grad()
-    (model(xs[1]) * ws[1]).mean().backward()
-    for name, p in model.named_parameters():
-        for r in ranks:
-            _close(r["ddp_grads"][name], p.grad, 1e-5)
