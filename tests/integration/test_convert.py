@@ -149,3 +149,33 @@ def test_built_in_models_are_still_built_and_checked(tmp_path):
     assert result["model_config"] == {"model": "lenet", "num_classes": 10, "in_channels": 1, "image_size": 28}
     assert_one_line_error(run_here("convert_checkpoint.py", str(bad), "--out", str(tmp_path / "b")), "do not fit")
     assert not (tmp_path / "b").exists()
+
+
+# ---- --out refuses to replace an export without --overwrite ----------------------------------------------------------
+
+
+def _user_error(fn, *needles: str) -> str:
+    with pytest.raises(UserError) as err:
+        fn()
+    message = str(err.value)
+    assert "\n" not in message
+    for needle in needles:
+        assert needle in message, (needle, message)
+    return message
+
+
+def test_convert_refuses_an_existing_export_without_overwrite(tmp_path):
+    from accel_train.commands.convert import main
+    from accel_train.models import create_model
+
+    source = tmp_path / "model.pt"
+    torch.save(create_model("lenet").state_dict(), source)
+    out = tmp_path / "export"
+    args = [str(source), "--out", str(out), "--model", "lenet"]
+    assert main(args) == 0
+    before = (out / "model.safetensors").read_bytes()
+    torch.save(create_model("lenet").state_dict(), source)  # other weights (a new random init)
+    _user_error(lambda: main(args), f"--out {out} already holds an export", "--overwrite")
+    assert (out / "model.safetensors").read_bytes() == before
+    assert main([*args, "--overwrite"]) == 0
+    assert (out / "model.safetensors").read_bytes() != before

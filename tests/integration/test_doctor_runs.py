@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import check, run_script, summary
 
+from accel_train.cli import run_main
 from accel_train.doctor import (
     RUN_KEYS,
     Environment,
@@ -177,3 +178,24 @@ def test_smoke_reports_a_run_that_disagrees(tmp_path, monkeypatch, capsys):
     assert info.value.code == 1
     assert "world_size        2               3   <- differs" in out and "smoke verdict: DIFFERS" in out
     assert "[smoke-mismatch]" in out and "world_size 2 planned, 3 seen" in out
+
+
+# ---- the doctor script's exit code -----------------------------------------------------------------------------------
+
+
+def run_cli(capsys, main, argv: list[str]) -> tuple[int, str, str]:
+    """``run_main(main, argv)`` in this process, as the scripts run it: (exit code, stdout, stderr)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        run_main(main, argv)
+    out, err = capsys.readouterr()
+    return info.value.code, out, err
+
+
+def test_doctor_script_exit_code_for_fp8(tmp_path, capsys):
+    from accel_train.commands.doctor import main
+
+    path = tmp_path / "fp8.yaml"
+    path.write_text("distributed_type: 'NO'\nmixed_precision: fp8\n")
+    code, out, err = run_cli(capsys, main, ["--config_file", str(path)])
+    assert code == 1 and "[fp8-unavailable]" in out and "Traceback" not in out + err  # 1: a broken config

@@ -15,7 +15,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, _env
 
 
 def _installed() -> bool:
@@ -69,3 +69,23 @@ def test_ruff_holds_the_package_to_its_limits():
     cmd = [ruff, "check", "accel_train", "scripts", "benchmarks"]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+
+
+# ---- --help imports no torch -----------------------------------------------------------------------------------------
+
+
+def test_help_does_not_import_torch():
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", str(REPO / "scripts" / "train.py"), "--help"],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "--max-steps" in proc.stdout and "--config" in proc.stdout
+    modules = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")]
+    assert len(modules) > 20, proc.stderr[:2000]  # importtime output was captured
+    heavy = [m for m in modules if m == "torch" or m.startswith("torch.")]
+    assert not heavy, f"--help imported {heavy[:5]}"

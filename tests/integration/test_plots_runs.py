@@ -234,3 +234,65 @@ def test_script_missing_run_dir(tmp_path):
 
     debug = _run_script(str(tmp_path / "does_not_exist"), "--debug", cwd=tmp_path)
     assert debug.returncode != 0 and "Traceback" in debug.stderr
+
+
+# ---- plot_runs --x, and the global batch in its table ----------------------------------------------------------------
+
+
+def _user_error(fn, *needles: str) -> str:
+    with pytest.raises(UserError) as err:
+        fn()
+    message = str(err.value)
+    assert "\n" not in message
+    for needle in needles:
+        assert needle in message, (needle, message)
+    return message
+
+
+def _run(root: Path, name: str, global_batch: int | None, steps_per_epoch: int = 10) -> Path:
+    run = root / name
+    run.mkdir(parents=True)
+    records = [{"event": "train", "step": s, "epoch": 0, "loss": 1.0 / s, "accuracy": 0.5} for s in (5, 10, 20)]
+    records.append({"event": "eval", "step": 20, "epoch": 1, "eval_loss": 0.5, "eval_accuracy": 0.9})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if global_batch is not None:
+        resolved = f"resolved:\n  global_batch: {global_batch}\n  steps_per_epoch: {steps_per_epoch}\n"
+        (run / "config.yaml").write_text("model: lenet\n" + resolved)
+    return run
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """The figures ``plot_runs`` would save, kept open for inspection."""
+    from accel_train import plots
+
+    saved = []
+
+    def keep(fig, out):
+        saved.append(fig)
+        return Path(out)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    yield saved
+    plots._pyplot().close("all")
+
+
+def _axis(fig) -> tuple[str, list[str], list[list[float]]]:
+    ax = fig.axes[0]  # the train-loss panel
+    return (
+        ax.get_xlabel(),
+        [t.get_text() for t in ax.get_legend().get_texts()],
+        [list(ln.get_xdata()) for ln in ax.lines],
+    )
+
+
+def test_plot_runs_command_takes_x_and_tables_the_global_batch(tmp_path, capsys, figures):
+    from accel_train.commands.plot_runs import main
+
+    runs = [_run(tmp_path, "b32", 32), _run(tmp_path, "b64", 64)]
+    assert main([*map(str, runs), "--out", str(tmp_path / "c.png"), "--x", "epoch"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].rstrip().endswith("| global batch |")
+    assert table[2].rstrip().endswith("| 32 |") and table[3].rstrip().endswith("| 64 |")
+    assert _axis(figures[-1])[0].startswith("epoch")
+    _user_error(lambda: main([str(runs[0]), "--x", "time"]), "--x", "invalid choice")

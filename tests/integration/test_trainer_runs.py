@@ -79,3 +79,28 @@ def test_a_signal_stops_at_the_next_step_boundary(tmp_path):
     summary = trainer.run(0.0)
     assert summary == {"stopped": "received SIGTERM", "global_step": 1, "exit_code": 143}
     assert _checkpoint_steps(tmp_path / "run") == [1]
+
+
+# ---- settings the run is too short for are warnings ------------------------------------------------------------------
+
+
+SMALL = [
+    "--dataset", "synthetic", "--synthetic-size", "128", "--synthetic-test-size", "32",
+    "--synthetic-image-size", "16", "--model", "lenet", "--batch-size", "16",
+    "--report-to", "none", "--no-plots", "--no-progress",
+]  # fmt: skip
+
+
+def test_run_length_warnings_in_a_real_run(tmp_path, capsys):
+    """Needs ``build.py`` to call ``plan_warnings.warn_about_run`` once the run length is known."""
+    from accel_train.loop import fit
+
+    fit(
+        parse_config(
+            [*SMALL, "--max-steps", "2", "--warmup-steps", "10", "--eval-every", "5", "--output-dir", str(tmp_path)]
+        )
+    )
+    err = capsys.readouterr().err
+    assert "warning: --warmup-steps 10 is longer than the run (the run has 2 optimizer step(s))" in err, err
+    assert "warning: --eval-every 5 is beyond the run" in err, err
+    assert "Traceback" not in err

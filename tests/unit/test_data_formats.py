@@ -13,7 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from checks import raises_user_error, snapshot
+from datafiles import undecodable_png
 from torch.utils.data import DataLoader
+
+from accel_train.config import parse_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -440,3 +444,138 @@ def test_hf_hub_offline(monkeypatch):
 def test_hf_missing_local_dir(tmp_path):
     with pytest.raises(UserError, match="does not exist"):
         build_dataset(_cfg(dataset=f"hf:{tmp_path / 'nope'}"))
+
+
+# ---- evaluation reads the test split alone ---------------------------------------------------------------------------
+
+
+def _user_error(fn, *needles: str) -> str:
+    with pytest.raises(UserError) as err:
+        fn()
+    message = str(err.value)
+    assert "\n" not in message
+    for needle in needles:
+        assert needle in message, (needle, message)
+    return message
+
+
+def test_cifar10_test_only_needs_only_test_batch(tmp_path):
+    from accel_train.data import build_dataset
+
+    directory = write_cifar10(tmp_path, n_per_batch=4, n_test=6)
+    (directory / "data_batch_3").unlink()
+    cfg = parse_config(["--dataset", "cifar10", "--data-dir", str(tmp_path)]).data_config()
+    splits = build_dataset(cfg, test_only=True)
+    assert len(splits.test) == 6 and len(splits.train) == 0
+    assert splits.train.images.shape[1:] == splits.test.images.shape[1:] == (3, 32, 32)
+    _user_error(lambda: build_dataset(cfg), "missing: data_batch_3", "with --download")
+
+
+# ---- image folders load quietly --------------------------------------------------------------------------------------
+
+
+def test_imagefolder_loads_quietly_and_restores_datasets_settings(tmp_path, capfd):
+    import datasets
+
+    from accel_train.data import build_dataset
+
+    root = write_image_folder(tmp_path / "images", per_class=4, size=8)
+    bars_off, verbosity = datasets.are_progress_bars_disabled(), datasets.utils.logging.get_verbosity()
+    cfg = parse_config(["--dataset", f"imagefolder:{root}"]).data_config()
+    splits = build_dataset(cfg)
+    assert len(splits.train) + len(splits.test) == 12
+    captured = capfd.readouterr()
+    assert "Downloading data" not in captured.err + captured.out
+    assert "Generating train split" not in captured.err + captured.out
+    assert datasets.are_progress_bars_disabled() == bars_off
+    assert datasets.utils.logging.get_verbosity() == verbosity
+
+
+# ---- image folders: unreadable images, other files, mixed modes, loops -----------------------------------------------
+
+
+def _folder_with(tmp_path: Path, *bad: str) -> Path:
+    root = write_image_folder(tmp_path / "images", classes=("a", "b"), per_class=4, size=16)
+    good = (root / "a" / "a_000.png").read_bytes()
+    for name in bad:
+        if name == "corrupt":
+            (root / "a" / "corrupt.png").write_bytes(good[: len(good) // 2])  # truncated: fails verify()
+        elif name == "empty":
+            (root / "b" / "empty.png").write_bytes(b"")
+        elif name == "text":
+            (root / "b" / "readme.jpg").write_text("this is not an image\n")
+    return root
+
+
+@pytest.mark.parametrize(
+    "bad,needles",
+    [
+        (["corrupt"], ["1 of 9 image files cannot be read", "a/corrupt.png"]),
+        (["empty"], ["1 of 9 image files cannot be read", "b/empty.png (empty (0 bytes))"]),
+        (["text"], ["1 of 9 image files cannot be read", "b/readme.jpg (not an image file"]),
+        (
+            ["corrupt", "empty", "text"],
+            ["3 of 11 image files cannot be read", "corrupt.png", "empty.png", "readme.jpg"],
+        ),
+    ],
+    ids=["corrupt-png", "zero-bytes", "text-file", "all-three"],
+)
+def test_imagefolder_unreadable_images_in_process(tmp_path, bad, needles):
+    from accel_train.data import build_dataset
+
+    root = _folder_with(tmp_path, *bad)
+    before = snapshot(tmp_path)
+    cfg = parse_config(["--dataset", f"imagefolder:{root}"]).data_config()
+    message = raises_user_error(lambda: build_dataset(cfg), str(root), *needles, "remove or replace them")
+    assert message.startswith(f"{root}: ")
+    assert snapshot(tmp_path) == before
+
+
+def test_imagefolder_ignores_other_files(tmp_path):
+    from accel_train.data import build_dataset
+
+    root = _folder_with(tmp_path)
+    (root / "a" / "notes.txt").write_text("not an image, not an image extension: not indexed\n")
+    splits = build_dataset(parse_config(["--dataset", f"imagefolder:{root}"]).data_config())
+    assert len(splits.train) + len(splits.test) == 8 and splits.extra["notes"] == []
+
+
+def test_imagefolder_of_mixed_modes_says_how_they_are_converted(tmp_path):
+    from PIL import Image
+
+    from accel_train.data import build_dataset
+
+    root = write_image_folder(tmp_path / "images", classes=("a", "b"), per_class=4, size=16, mode="L")
+    for path in sorted(root.glob("b/*.png"))[:2]:
+        Image.open(path).convert("RGBA").save(path)
+    splits = build_dataset(parse_config(["--dataset", f"imagefolder:{root}"]).data_config())
+    assert splits.info.in_channels == 3  # colour wins: nothing is lost converting grayscale to RGB
+    (note,) = splits.extra["notes"]
+    assert "\n" not in note and f"{root} mixes image modes (L: 6, RGBA: 2)" in note
+    assert "every image is converted to RGB (3 channels); alpha channels are dropped" in note
+
+
+def test_imagefolder_image_that_only_fails_to_decode(tmp_path):
+    """Checksums valid, pixels not: the up-front check passes it; decoding it (for the statistics the build
+    estimates, or as a sample in an epoch) is one line naming the file."""
+    from accel_train.data import build_dataset
+
+    root = _folder_with(tmp_path)
+    bad = undecodable_png(root / "a" / "a_001.png")
+
+    def read_everything():
+        splits = build_dataset(parse_config(["--dataset", f"imagefolder:{root}"]).data_config())
+        for dataset in (splits.train, splits.test):
+            for index in range(len(dataset)):
+                dataset[index]
+
+    raises_user_error(read_everything, f"cannot decode image {bad}", "broken data stream", "remove or replace it")
+
+
+def test_imagefolder_with_a_directory_loop(tmp_path):
+    from accel_train.data import build_dataset
+
+    root = _folder_with(tmp_path)
+    (root / "a" / "loop").symlink_to(root)
+    cfg = parse_config(["--dataset", f"imagefolder:{root}"]).data_config()
+    raises_user_error(lambda: build_dataset(cfg), "links back to", "a directory loop")

@@ -620,3 +620,37 @@ def test_smoke_needs_a_config(capsys):
     with pytest.raises(SystemExit) as info:
         run_main(main, ["--smoke"])
     assert info.value.code == 2 and "--config_file" in capsys.readouterr().err
+
+
+# ---- launcher failures the doctor calls errors -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text,code,needles",
+    [
+        ("distributed_type: MULTI_GPU\nnum_processes: 0\n", "invalid-value", ["num_processes: 0 is invalid"]),
+        ("distributed_type: 'NO'\nnum_processes: 0\n", "invalid-value", ["num_processes: 0 is invalid"]),
+        ("distributed_type: 'NO'\nmixed_precision: fp8\n", "fp8-unavailable", ["fp8 needs a CUDA GPU", "'bf16'"]),
+        ("distributed_type: 'NO'\nuse_cpu: true\nmixed_precision: fp8\n", "fp8-unavailable", ["runs on cpu"]),
+    ],
+    ids=["num-processes-0-multi-gpu", "num-processes-0", "fp8-on-cpu", "fp8-use-cpu"],
+)
+def test_doctor_calls_launcher_failures_errors(tmp_path, text, code, needles):
+    from accel_train.doctor import Environment, diagnose_config
+
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(text)
+    diag = diagnose_config(path, Environment(cuda_device_count=0, cpu_count=2, port_in_use=lambda port: False))
+    found = [f for f in diag.findings if f.level == "error" and f.code == code]
+    assert found and not diag.ok, diag.findings
+    for needle in needles:
+        assert needle in found[0].message, found[0].message
+
+
+def test_doctor_gpu_ids_all_on_cpu_is_fine(tmp_path):
+    from accel_train.doctor import Environment, diagnose_config
+
+    path = tmp_path / "accelerate.yaml"
+    path.write_text("distributed_type: 'NO'\nnum_processes: 1\ngpu_ids: all\nmixed_precision: 'no'\n")
+    diag = diagnose_config(path, Environment(cuda_device_count=0, cpu_count=2, port_in_use=lambda port: False))
+    assert diag.ok and not diag.warnings, diag.findings

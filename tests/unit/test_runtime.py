@@ -173,3 +173,20 @@ def test_a_lone_cpu_process_names_the_unquoted_no_and_the_doctor():
     message = str(info.value)
     assert "\n" not in message and "write 'NO'" in message and "scripts/doctor.py --config_file" in message
     check_launch({"ACCELERATE_USE_CPU": "True"})  # one process asked for: nothing to say
+
+
+# ---- --threads beyond the cores --------------------------------------------------------------------------------------
+
+
+def test_threads_beyond_the_cores_are_capped(capsys):
+    import torch
+
+    from accel_train.runtime import available_cores, configure_threads
+
+    before = torch.get_num_threads()
+    try:
+        assert configure_threads(1_000_000) == available_cores() == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("warning: --threads 1000000 is more than the"), err
