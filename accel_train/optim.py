@@ -87,3 +87,30 @@ def replan_schedule(scheduler, total_steps: int) -> None:
     for group, base, fn in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True):
         group["lr"] = base * fn(step)
     scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+
+
+class GradClipper:
+    """--max-grad-norm: what ``Accelerator.clip_grad_norm_`` does (unscale fp16 gradients, then clip), with the
+    parameter list made once (issue 29: accelerate's call re-lists the parameters and checks the torch version and
+    DTensors on every step). FSDP, DeepSpeed, XLA and tensor-subclass parameters (DTensor) keep accelerate's own
+    call, which knows how to clip sharded gradients."""
+
+    def __init__(self, accelerator, model: nn.Module, max_norm: float):
+        from accelerate.utils import DistributedType
+
+        self.acc, self.model, self.max_norm = accelerator, model, max_norm
+        plain = accelerator.distributed_type in (
+            DistributedType.NO,
+            DistributedType.MULTI_CPU,
+            DistributedType.MULTI_GPU,
+        )
+        params = list(model.parameters())
+        self.params = params if plain and all(type(p) in (nn.Parameter, torch.Tensor) for p in params) else None
+
+    def __call__(self) -> None:
+        if self.params is None:
+            self.acc.clip_grad_norm_(self.model.parameters(), self.max_norm)
+            return
+        if self.acc.scaler is not None:
+            self.acc.unscale_gradients()
+        torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)

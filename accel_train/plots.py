@@ -64,7 +64,8 @@ def _series(records: Iterable[dict], key: str) -> tuple[list[float], list[float]
 # --------------------------------------------------------------------------- figures
 
 
-def _pyplot():
+def load_pyplot():
+    """``matplotlib.pyplot`` on the Agg backend (no display needed); the trainer loads it early in a thread."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -75,7 +76,7 @@ def _pyplot():
 
 def _save(fig, out: Path) -> Path:
     """Save ``fig`` to ``out`` atomically (a viewer never sees half a PNG) and close it."""
-    plt = _pyplot()
+    plt = load_pyplot()
     out = Path(os.path.realpath(Path(out).expanduser()))  # where a link leads: the link itself stays
     fmt = out.suffix.lstrip(".").lower() or "png"
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
@@ -117,7 +118,7 @@ def plot_curves(run_dir: str | os.PathLike, out: str | os.PathLike | None = None
     evals = metrics.get("eval", [])
     title = _title(run_dir)
 
-    plt = _pyplot()
+    plt = load_pyplot()
     train_loss = _series(train, "loss")
     eval_loss = _series(evals, "eval_loss")
     eval_acc = _series(evals, "eval_accuracy")
@@ -231,7 +232,7 @@ def plot_runs(
     labels = [f"{lbl} [global batch {b}]" if b else lbl for lbl, b in zip(labels, batches, strict=True)]
     runs = [read_metrics(d) for d in run_dirs]
 
-    plt = _pyplot()
+    plt = load_pyplot()
     n = len(metrics_list)
     fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 4.5), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
@@ -292,7 +293,7 @@ def plot_confusion_matrix(
     row_sums = counts.sum(axis=1, keepdims=True).astype(float)
     norm = np.divide(counts, row_sums, out=np.zeros(counts.shape, dtype=float), where=row_sums > 0)
 
-    plt = _pyplot()
+    plt = load_pyplot()
     side = min(max(4.5, 0.55 * n + 2.5), 24)
     fig, ax = plt.subplots(figsize=(side + 1.2, side))
     image = ax.imshow(norm, cmap="Blues", vmin=0.0, vmax=1.0, interpolation="nearest")

@@ -113,10 +113,22 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias, None, None, None, None
 
 
-@torch.compiler.disable  # collectives inside a custom Function: run eagerly, the compiler breaks the graph here
-def _sync_batch_norm(x, weight, bias, running_mean, running_var, momentum: float, eps: float):
+def _sync_batch_norm_body(x, weight, bias, running_mean, running_var, momentum: float, eps: float):
     with torch.autocast(x.device.type, enabled=False):
         return _SyncBatchNormFunction.apply(x, weight, bias, running_mean, running_var, momentum, eps)
+
+
+_sync_batch_norm = None  # the body under torch.compiler.disable, made by the first CpuSyncBatchNorm
+
+
+def _eager_sync_batch_norm():
+    """Collectives inside a custom Function run eagerly: the compiler breaks the graph here. Made on first use, not
+    at import: ``torch.compiler.disable`` imports torch._dynamo (over a second), which a run without
+    --sync-bn never needs before its first step (issue 29)."""
+    global _sync_batch_norm
+    if _sync_batch_norm is None:
+        _sync_batch_norm = torch.compiler.disable(_sync_batch_norm_body)
+    return _sync_batch_norm
 
 
 class CpuSyncBatchNorm(_BatchNorm):
@@ -132,6 +144,10 @@ class CpuSyncBatchNorm(_BatchNorm):
 
     original_class: type[_BatchNorm] = nn.BatchNorm2d  # what :func:`revert_sync_batchnorm` turns it back into
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _eager_sync_batch_norm()  # before any compile traces forward: it then finds the disabled function
+
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() < 2:
             raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
@@ -146,7 +162,8 @@ class CpuSyncBatchNorm(_BatchNorm):
             factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
         track = self.track_running_stats and self.running_mean is not None
         running_mean, running_var = (self.running_mean, self.running_var) if track else (None, None)
-        return _sync_batch_norm(input, self.weight, self.bias, running_mean, running_var, factor, self.eps)
+        fn = _sync_batch_norm or _eager_sync_batch_norm()  # set by __init__ (a module unpickled here skips it)
+        return fn(input, self.weight, self.bias, running_mean, running_var, factor, self.eps)
 
 
 def _copy_bn(source: _BatchNorm, target: _BatchNorm) -> _BatchNorm:

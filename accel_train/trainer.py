@@ -31,6 +31,7 @@ from accel_train.evaluation import evaluate_model
 from accel_train.features import TrainFeatures
 from accel_train.fsio import write_json_atomic
 from accel_train.meters import StepTimer, Window
+from accel_train.optim import GradClipper
 from accel_train.run_dir import BEST, CONFUSION_JSON, CONFUSION_PNG, MODEL, MODEL_EMA, SUMMARY, RunDir
 from accel_train.runtime import Runtime
 from accel_train.tracking import TRACKER_RUNS, RunLogger, tracker_run_ids
@@ -110,6 +111,8 @@ class Trainer:
     _nonfinite: torch.Tensor | None = None  # --skip-nonfinite: non-finite losses of the open optimizer step
     _t_prev: float | None = None  # when the last micro-batch was done (host clock): the step timer's origin
     _last_log: tuple[float, int] = (0.0, 0)  # (time, samples seen) of the last train record: its throughput
+    clip: GradClipper | None = None  # --max-grad-norm (build.py)
+    _later_imports: bool = False  # started loading what the evaluations and plots import (after the first step)
 
     @property
     def acc(self):
@@ -242,11 +245,12 @@ class Trainer:
                 if acc.sync_gradients:
                     skip = acc.reduce(self._nonfinite, reduction="sum").item() > 0
                     self._nonfinite.zero_()
-            if acc.sync_gradients and cfg.max_grad_norm > 0 and not skip:
-                acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            if acc.sync_gradients and self.clip is not None and not skip:
+                self.clip()
             if not skip:
                 self._scaled_step()
-            self.optimizer.zero_grad(set_to_none=True)
+            if acc.sync_gradients:  # accelerate's zero_grad does the same, after an inspect.signature per step
+                self.optimizer.optimizer.zero_grad(set_to_none=True)
         self.window.add(loss, logits, labels, finite_only=cfg.skip_nonfinite)
         if not acc.sync_gradients:  # a micro-batch of an accumulated step
             self._account(t_data, optimizer_step=False)
@@ -260,8 +264,22 @@ class Trainer:
         state.step_in_epoch += 1
         state.samples_seen += self.plan.global_batch
         self.logger.advance()
+        if not self._later_imports:
+            self._load_later_imports()
         self._after_optimizer_step(t_data)
         return True
+
+    def _load_later_imports(self) -> None:
+        """After the first step: import, in a thread, what evaluations and plots will need (``later_imports``)."""
+        from accel_train.later_imports import load_soon
+
+        self._later_imports = True
+        loaders = [self.metric.load_module] if hasattr(self.metric, "load_module") else []
+        if self.cfg.plots and self.acc.is_main_process:
+            from accel_train.plots import load_pyplot
+
+            loaders.append(load_pyplot)
+        load_soon(*loaders)
 
     def _scaled_step(self) -> None:
         """``optimizer.step()``; under an fp16 loss scaler, counts a skipped update on the device.

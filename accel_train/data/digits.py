@@ -1,12 +1,17 @@
 """``digits``: scikit-learn's bundled 1,797 8x8 handwritten digits (no network).
 
-Held as a ``datasets.Dataset`` with a fixed stratified split, then decoded
-once into uint8 tensors resized to MNIST's 28x28 so every model takes it.
+Split once by ``datasets``' stratified ``train_test_split`` (seed 0, 20% test), then decoded into uint8 tensors
+resized to MNIST's 28x28 so every model takes it. The split's indices ship beside this file
+(``digits_split.json``, with a fingerprint of the data they split): a run uses them without importing
+``datasets`` (pandas, pyarrow, fsspec: about a second before the first step, issue 29), and splits with
+``datasets`` itself whenever the installed data differ from the fingerprint.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +24,8 @@ from accel_train.errors import UserError
 DIGITS_TEST_FRACTION = 0.2
 DIGITS_SPLIT_SEED = 0  # fixed: the split never depends on the training seed
 DEFAULT_IMAGE_SIZE = 28
+SPLIT_FILE = Path(__file__).with_name("digits_split.json")
+CLASS_NAMES = [str(i) for i in range(10)]
 
 
 def _read_digits_csv() -> tuple[np.ndarray, np.ndarray]:
@@ -40,41 +47,78 @@ def _read_digits_csv() -> tuple[np.ndarray, np.ndarray]:
     return table[:, :-1], table[:, -1].astype(np.int64)
 
 
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """All 1,797 images as uint8 ``[N, 8, 8]`` (0..16 scaled to 0..255) and their int64 labels."""
+    pixels, labels = _read_digits_csv()
+    return np.round(pixels.reshape(-1, 8, 8) * (255.0 / 16.0)).astype(np.uint8), labels
+
+
+def fingerprint(images: np.ndarray, labels: np.ndarray) -> str:
+    return hashlib.sha256(images.tobytes() + labels.astype(np.int64).tobytes()).hexdigest()
+
+
 def load_digits_dataset():
-    """The raw data as a ``datasets.DatasetDict`` with ``train``/``test`` splits."""
+    """The raw data as a ``datasets.DatasetDict`` with ``train``/``test`` splits: the reference split."""
     import datasets
 
-    pixels, labels = _read_digits_csv()
-    images = np.round(pixels.reshape(-1, 8, 8) * (255.0 / 16.0)).astype(np.uint8)  # 0..16 -> 0..255
-    names = [str(i) for i in range(10)]
+    images, labels = _digits_arrays()
     features = datasets.Features(
-        {"image": datasets.Array2D(shape=(8, 8), dtype="uint8"), "label": datasets.ClassLabel(names=names)}
+        {"image": datasets.Array2D(shape=(8, 8), dtype="uint8"), "label": datasets.ClassLabel(names=CLASS_NAMES)}
     )
     ds = datasets.Dataset.from_dict({"image": images, "label": labels}, features=features)
     return ds.train_test_split(test_size=DIGITS_TEST_FRACTION, stratify_by_column="label", seed=DIGITS_SPLIT_SEED)
 
 
-def _to_tensor(split, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    cols = split.with_format("torch")[:]  # one columnar read: {"image": [N, 8, 8], "label": [N]}
-    images = cols["image"].unsqueeze(1).float()  # [N, 1, 8, 8]
-    if size != images.shape[-1]:
-        images = F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
-    return images.round().clamp(0, 255).to(torch.uint8), cols["label"].long()
+def reference_split() -> dict[str, list[int]]:
+    """The split's row indices, in the order ``datasets`` returns the rows, computed by ``datasets``."""
+    dd = load_digits_dataset()
+    return {name: dd[name]._indices.column(0).to_pylist() for name in ("train", "test")}
+
+
+def digits_split(images: np.ndarray, labels: np.ndarray) -> dict[str, list[int]]:
+    """The shipped indices where they split these very data; ``datasets``' own split otherwise."""
+    try:
+        shipped = json.loads(SPLIT_FILE.read_text())
+    except (OSError, ValueError):
+        shipped = {}
+    if shipped.get("fingerprint") == fingerprint(images, labels):
+        return {"train": shipped["train"], "test": shipped["test"]}
+    return reference_split()
+
+
+def _to_tensor(images: np.ndarray, labels: np.ndarray, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.from_numpy(images).unsqueeze(1).float()  # [N, 1, 8, 8]
+    if size != x.shape[-1]:
+        x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+    return x.round().clamp(0, 255).to(torch.uint8), torch.from_numpy(labels).long()
 
 
 def build_digits(cfg: DataConfig) -> DataSplits:
     size = cfg.image_size or DEFAULT_IMAGE_SIZE
-    dd = load_digits_dataset()
-    x_train, y_train = _to_tensor(dd["train"], size)
-    x_test, y_test = _to_tensor(dd["test"], size)
+    images, labels = _digits_arrays()
+    split = digits_split(images, labels)
+    x_train, y_train = _to_tensor(images[split["train"]], labels[split["train"]], size)
+    x_test, y_test = _to_tensor(images[split["test"]], labels[split["test"]], size)
     scaled = x_train.float() / 255.0
     info = DatasetInfo(
         name="digits",
         num_classes=10,
         in_channels=1,
         image_size=size,
-        class_names=dd["train"].features["label"].names,
+        class_names=list(CLASS_NAMES),
         mean=(round(scaled.mean().item(), 4),),
         std=(round(scaled.std().item(), 4),),
     )
     return DataSplits(TensorImageDataset(x_train, y_train), TensorImageDataset(x_test, y_test), info)
+
+
+def write_split_file() -> None:
+    """Regenerate ``digits_split.json`` from ``datasets``' split (tests/unit check it matches)."""
+    images, labels = _digits_arrays()
+    split = reference_split()
+    about = (
+        "datasets' stratified train_test_split(test_size=0.2, seed=0) of scikit-learn's digits; regenerate with: "
+        "python3 -c 'from accel_train.data.digits import write_split_file; write_split_file()'"
+    )
+    body = {"about": about, "fingerprint": fingerprint(images, labels), **split}
+    SPLIT_FILE.write_text(json.dumps(body, separators=(",", ":")) + "\n")

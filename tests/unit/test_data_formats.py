@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import pickle
 import re
@@ -579,3 +580,31 @@ def test_imagefolder_with_a_directory_loop(tmp_path):
     (root / "a" / "loop").symlink_to(root)
     cfg = parse_config(["--dataset", f"imagefolder:{root}"]).data_config()
     raises_user_error(lambda: build_dataset(cfg), "links back to", "a directory loop")
+
+
+# --------------------------------------------------------------------------- digits: the shipped split
+
+
+def test_the_shipped_digits_split_is_datasets_own_split():
+    """digits_split.json holds what datasets' stratified train_test_split gives these data: a run that reads it
+    trains on exactly the samples (in exactly the order) it did when it split with datasets."""
+    from accel_train.data import digits
+
+    images, labels = digits._digits_arrays()
+    shipped = json.loads(digits.SPLIT_FILE.read_text())
+    assert shipped["fingerprint"] == digits.fingerprint(images, labels), "regenerate: " + shipped["about"]
+    assert {k: shipped[k] for k in ("train", "test")} == digits.reference_split(), "regenerate: " + shipped["about"]
+
+
+def test_digits_data_other_than_the_fingerprint_are_split_by_datasets(monkeypatch, tmp_path):
+    from accel_train.data import digits
+
+    images, labels = digits._digits_arrays()
+    stale = json.loads(digits.SPLIT_FILE.read_text())
+    stale["train"], stale["test"] = stale["train"][::-1], stale["test"][::-1]  # indices of some other data
+    stale["fingerprint"] = "0" * 64
+    monkeypatch.setattr(digits, "SPLIT_FILE", tmp_path / "digits_split.json")
+    digits.SPLIT_FILE.write_text(json.dumps(stale))
+    assert digits.digits_split(images, labels) == digits.reference_split()
+    digits.SPLIT_FILE.unlink()  # no file at all: the same
+    assert digits.digits_split(images, labels) == digits.reference_split()

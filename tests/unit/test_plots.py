@@ -99,7 +99,7 @@ def figures(monkeypatch):
 
     monkeypatch.setattr(plots, "_save", keep)
     yield saved
-    plots._pyplot().close("all")
+    plots.load_pyplot().close("all")
 
 
 def _axis(fig) -> tuple[str, list[str], list[list[float]]]:

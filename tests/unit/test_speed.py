@@ -38,3 +38,37 @@ def test_package_lookups_in_the_optimizer_step_are_cached():
     before = check.cache_info().hits
     check()
     assert check.cache_info().hits == before + 1
+
+
+def test_the_clipper_clips_as_accelerate_does_with_the_parameter_list_made_once():
+    """GradClipper (issue 29) gives the gradients accelerate's clip_grad_norm_ gives, bit for bit, including
+    parameters without a gradient (frozen); tensor-subclass parameters (DTensor) keep accelerate's own call."""
+    import torch
+    from accelerate import Accelerator
+
+    from accel_train.models import create_model
+    from accel_train.optim import GradClipper
+
+    acc = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = create_model("lenet", 10, 1, 28)
+    next(model.parameters()).requires_grad_(False)  # a frozen layer: no gradient to clip
+    grads = []
+    for clip in (lambda: acc.clip_grad_norm_(model.parameters(), 0.05), GradClipper(acc, model, 0.05)):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(1)
+        torch.nn.functional.cross_entropy(model(torch.randn(8, 1, 28, 28)), torch.randint(0, 10, (8,))).backward()
+        before = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        clip()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    assert len(grads[0]) == len(before) == len(list(model.parameters())) - 1
+    assert any(not torch.equal(a, b) for a, b in zip(before, grads[0])), "the norm must be over 0.05: clipped"
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+    class Sub(torch.Tensor):  # a tensor subclass parameter, as DTensor is
+        pass
+
+    odd = torch.nn.Linear(2, 2)
+    odd.weight = torch.nn.Parameter(odd.weight.detach().as_subclass(Sub))
+    assert GradClipper(acc, odd, 1.0).params is None
+    assert GradClipper(acc, model, 1.0).params is not None

@@ -1,0 +1,60 @@
+"""Issue 29, start-up: a run imports nothing before its first step that the step does not use.
+
+``evaluate`` (with ``datasets``, ``scipy.stats``, ``pandas``), ``matplotlib`` and ``datasets`` for an in-memory
+dataset cost seconds each: a run loads them in a thread once its first step is done (``later_imports``) and
+still has them when its evaluations and plots need them. Checked in a real ``scripts/train.py`` process that
+records ``sys.modules`` when ``Trainer.step`` is first called and again when the run ends."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, _env
+
+LATER = ("evaluate", "datasets", "scipy", "pandas", "pyarrow", "matplotlib")
+
+_RECORDER = """
+import json, runpy, sys
+import accel_train.trainer as T
+seen = {}
+step = T.Trainer.step
+def first_step(self, *a, **k):
+    seen.setdefault("first_step", sorted(sys.modules))
+    return step(self, *a, **k)
+T.Trainer.step = first_step
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    seen["end"] = sorted(sys.modules)
+    open(OUT, "w").write(json.dumps(seen))
+"""
+
+
+def _modules(tmp_path, *args: str) -> dict[str, set[str]]:
+    out = tmp_path / "modules.json"
+    code = f"OUT = {str(out)!r}\n" + _RECORDER
+    cmd = [sys.executable, "-c", code, str(REPO / "scripts" / "train.py"), *args, "--no-progress"]
+    cmd += ["--output-dir", str(tmp_path / "run")]
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {k: {m.split(".")[0] for m in v} for k, v in json.loads(out.read_text()).items()}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--max-steps", "3", "--eval-every", "2"],  # the default data (digits) with an evaluation and the plots
+        ["--dataset", "synthetic", "--synthetic-size", "256", "--max-steps", "3", "--eval-every", "2"],
+    ],
+    ids=["digits", "synthetic"],
+)
+def test_nothing_the_first_step_does_not_use_is_imported_before_it(tmp_path, args):
+    seen = _modules(tmp_path, *args)
+    assert not seen["first_step"] & set(LATER), sorted(seen["first_step"] & set(LATER))
+    # ...and the run still evaluated (evaluate) and plotted (matplotlib) once it needed them
+    assert {"evaluate", "matplotlib"} <= seen["end"], sorted(seen["end"] & set(LATER))
+    assert (tmp_path / "run" / "curves.png").is_file()
