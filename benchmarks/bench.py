@@ -79,6 +79,7 @@ from benchmarks.setups import (
 )
 from benchmarks.speedrun import run_speedrun
 from benchmarks.startup import time_default_run, time_train_help
+from benchmarks.step_overhead import run_step_overhead, step_overhead_goals
 from benchmarks.study import _study_variants
 from benchmarks.time_to_accuracy import _child_seed000, time_to_accuracy
 
@@ -287,6 +288,7 @@ def run_benchmark(opts: BenchOptions) -> dict[str, Any]:
         pool.close()
         t2a = time_to_accuracy(opts, work) if opts.time_to_accuracy and not opts.smoke else None
         default_run = None if opts.smoke else time_default_run(work, 1 if opts.mode == "quick" else 3)
+        step_rows = None if opts.smoke else run_step_overhead(rounds=5 if opts.mode == "quick" else 15)
         speedrun = run_speedrun_if_asked(opts, work, with_cuda)
     finally:
         pool.close()
@@ -300,8 +302,10 @@ def run_benchmark(opts: BenchOptions) -> dict[str, Any]:
         "settings": _settings(opts, setups),
         "results": results,
         "goals": evaluate_goals(results, t2a, help_timing, default_run, machine.get("cpu_bf16_kind", "unknown"))
-        + _speedrun_goals(speedrun),
+        + _speedrun_goals(speedrun)
+        + step_overhead_goals(step_rows or [], machine.get("cpu_bf16_kind", "unknown")),
         "default_run": default_run,
+        "step_overhead": step_rows,
         "bf16_study": study,
         "time_to_accuracy": t2a if t2a is not None else {"skipped": "smoke run" if opts.smoke else "disabled"},
         "speedrun": speedrun,

@@ -13,6 +13,7 @@ from benchmarks.goals import GOAL_RATIO_VS_PLAIN
 from benchmarks.report_bf16 import BF16_BACKGROUND, _bf16_findings, _study_md
 from benchmarks.setups import WINDOW_STEPS
 from benchmarks.speedrun import markdown as speedrun_markdown
+from benchmarks.step_overhead import markdown as step_overhead_markdown
 from benchmarks.time_to_accuracy import TARGET_ACCURACY
 
 
@@ -109,6 +110,7 @@ def _rest_of_report(report: dict[str, Any]) -> list[str]:
         f"{len(help_t.get('runs_s', []))}).",
     ]
     lines += _default_run_md(report.get("default_run"))
+    lines += step_overhead_markdown(report.get("step_overhead"))
     ddp = _ddp_findings(report)
     if ddp:
         lines += ["", "## 2 gloo processes on this CPU", ""] + ddp
