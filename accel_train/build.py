@@ -35,7 +35,7 @@ from accel_train.metrics import load_metric
 from accel_train.models import check_model_name, create_model
 from accel_train.models.pretrained import PretrainedInfo, is_file_spec, load_pretrained
 from accel_train.models.pretrained import describe as describe_pretrained
-from accel_train.optim import GradClipper, build_optimizer, build_scheduler, replan_schedule
+from accel_train.optim import GradClipper, build_optimizer, build_scheduler, direct_backward, replan_schedule
 from accel_train.plan_warnings import warn_about_run
 from accel_train.preprocess import describe_training_images
 from accel_train.resume import check_extension
@@ -124,6 +124,7 @@ def build_trainer(
         window=window,
         timer=StepTimer(train_s=_saved_seconds(state.extra.get("train_time_s"))),
         clip=GradClipper(acc, model, cfg.max_grad_norm) if cfg.max_grad_norm > 0 else None,
+        direct=direct_backward(acc, plan.accum_steps),
     )
 
 

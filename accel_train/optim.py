@@ -114,3 +114,19 @@ class GradClipper:
         if self.acc.scaler is not None:
             self.acc.unscale_gradients()
         torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
+
+
+def direct_backward(accelerator, accum_steps: int) -> bool:
+    """Whether ``loss.backward()`` does all that ``Accelerator.backward`` and ``accumulate`` would: one micro-batch
+    per optimizer step (accelerate divides the loss by 1 and marks every step a sync step), no fp16 loss scaler,
+    and a plain backward (not DeepSpeed's or Megatron's)."""
+    from accelerate.utils import DistributedType
+
+    special = (DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM)
+    return (
+        accum_steps == 1
+        and accelerator.gradient_accumulation_steps == 1
+        and accelerator.scaler is None
+        and accelerator.distributed_type not in special
+        and accelerator.sync_gradients
+    )

@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,7 @@ class Trainer:
     _t_prev: float | None = None  # when the last micro-batch was done (host clock): the step timer's origin
     _last_log: tuple[float, int] = (0.0, 0)  # (time, samples seen) of the last train record: its throughput
     clip: GradClipper | None = None  # --max-grad-norm (build.py)
+    direct: bool = False  # optim.direct_backward: loss.backward() without accelerate's per-step bookkeeping
     _later_imports: bool = False  # started loading what the evaluations and plots import (after the first step)
 
     @property
@@ -236,9 +238,9 @@ class Trainer:
         """
         cfg, acc, model, state = self.cfg, self.acc, self.model, self.state
         t_data = time.perf_counter()
-        with acc.accumulate(model):
+        with nullcontext() if self.direct else acc.accumulate(model):
             logits, loss = self.features.forward(model, self.normalizer(images), labels, indices, state.epoch)
-            acc.backward(loss)
+            loss.backward() if self.direct else acc.backward(loss)
             skip = False
             if cfg.skip_nonfinite:  # opt-in: one small all-reduce per optimizer step
                 self._nonfinite += (~torch.isfinite(loss.detach())).float()

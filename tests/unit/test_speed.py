@@ -62,8 +62,9 @@ def test_the_clipper_clips_as_accelerate_does_with_the_parameter_list_made_once(
         clip()
         grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
     assert len(grads[0]) == len(before) == len(list(model.parameters())) - 1
-    assert any(not torch.equal(a, b) for a, b in zip(before, grads[0])), "the norm must be over 0.05: clipped"
-    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    clipped = any(not torch.equal(a, b) for a, b in zip(before, grads[0], strict=True))
+    assert clipped, "the norm must be over 0.05: clipped"
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
 
     class Sub(torch.Tensor):  # a tensor subclass parameter, as DTensor is
         pass
@@ -72,3 +73,24 @@ def test_the_clipper_clips_as_accelerate_does_with_the_parameter_list_made_once(
     odd.weight = torch.nn.Parameter(odd.weight.detach().as_subclass(Sub))
     assert GradClipper(acc, odd, 1.0).params is None
     assert GradClipper(acc, model, 1.0).params is not None
+
+
+def test_the_step_calls_backward_itself_only_where_accelerate_would_add_nothing():
+    """direct_backward (issue 29): one micro-batch per optimizer step, no fp16 scaler, no DeepSpeed; with
+    accumulation accelerate's backward divides the loss and accumulate() decides the sync step: kept."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from accel_train.optim import direct_backward
+
+    def acc(**kw):
+        base = dict(gradient_accumulation_steps=1, scaler=None, distributed_type=DistributedType.NO, sync_gradients=1)
+        return SimpleNamespace(**{**base, **kw})
+
+    assert direct_backward(acc(), 1)
+    assert direct_backward(acc(distributed_type=DistributedType.MULTI_GPU), 1)
+    assert not direct_backward(acc(), 2)
+    assert not direct_backward(acc(gradient_accumulation_steps=4), 1)
+    assert not direct_backward(acc(scaler=object()), 1)
+    assert not direct_backward(acc(distributed_type=DistributedType.DEEPSPEED), 1)
