@@ -31,3 +31,18 @@ def load_soon(*loaders: Callable[[], object]) -> threading.Thread | None:
     thread = threading.Thread(target=_run_all, args=(loaders,), name="accel_train-later-imports")
     thread.start()
     return thread
+
+
+def load_after_first_step(metric, plots: bool, loader) -> threading.Thread | None:
+    """A run's later imports: its metric's module (``evaluate``) and, with ``plots``, ``matplotlib.pyplot``.
+
+    Not where the loader forks worker processes: a worker forked while the thread holds an import's lock would
+    inherit the lock held, and could wait on it forever."""
+    if getattr(loader, "num_workers", 0):
+        return None
+    loaders = [metric.load_module] if hasattr(metric, "load_module") else []
+    if plots:
+        from accel_train.plots import load_pyplot
+
+        loaders.append(load_pyplot)
+    return load_soon(*loaders)

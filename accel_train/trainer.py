@@ -31,6 +31,7 @@ from accel_train.errors import NonFiniteLossError
 from accel_train.evaluation import evaluate_model
 from accel_train.features import TrainFeatures
 from accel_train.fsio import write_json_atomic
+from accel_train.later_imports import load_after_first_step
 from accel_train.meters import StepTimer, Window
 from accel_train.optim import GradClipper
 from accel_train.run_dir import BEST, CONFUSION_JSON, CONFUSION_PNG, MODEL, MODEL_EMA, SUMMARY, RunDir
@@ -266,22 +267,11 @@ class Trainer:
         state.step_in_epoch += 1
         state.samples_seen += self.plan.global_batch
         self.logger.advance()
-        if not self._later_imports:
-            self._load_later_imports()
+        if not self._later_imports:  # evaluate and matplotlib load in a thread from now on (later_imports)
+            self._later_imports = True
+            load_after_first_step(self.metric, self.cfg.plots and self.acc.is_main_process, self.train_dl)
         self._after_optimizer_step(t_data)
         return True
-
-    def _load_later_imports(self) -> None:
-        """After the first step: import, in a thread, what evaluations and plots will need (``later_imports``)."""
-        from accel_train.later_imports import load_soon
-
-        self._later_imports = True
-        loaders = [self.metric.load_module] if hasattr(self.metric, "load_module") else []
-        if self.cfg.plots and self.acc.is_main_process:
-            from accel_train.plots import load_pyplot
-
-            loaders.append(load_pyplot)
-        load_soon(*loaders)
 
     def _scaled_step(self) -> None:
         """``optimizer.step()``; under an fp16 loss scaler, counts a skipped update on the device.
