@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import signal
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
@@ -449,6 +450,16 @@ def watch_launcher(env: dict[str, str] | os._Environ = os.environ, poll_s: float
 
     watch(gone, "accel_train-orphan-watch", poll_s=poll_s)
     return True
+
+
+def ignore_stop_signals() -> None:
+    """This process is on its way out because another process of the run is gone (``errors.peer_lost``): the
+    launcher's SIGTERM, sent because of that same loss (torchrun: once it sees the dead rank), must not replace
+    the one line and exit code 4 it is about to give; SIGTERM's default action would end it as -15 with no line
+    (SIGINT: "interrupted", 130). Only a slow way out meets that signal, so a loaded machine's; a way out that
+    hangs still ends with the launcher's SIGKILL (torchrun's, 30 s later). Main thread only."""
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, signal.SIG_IGN)
 
 
 def finish_process(exit_code: int = 0) -> None:
