@@ -9,7 +9,8 @@ the user set neither, to the interface whose route reaches ``MASTER_ADDR``: the 
 (a UDP ``connect`` sends nothing; ``getsockname`` is the source address it chose), and the address is mapped to
 its interface with ``SIOCGIFADDR`` (IPv4) or ``/proc/net/if_inet6`` (IPv6); no ``ip`` command, which clusters
 may lack. Where the main process is on this machine the route's source is the main address itself, so its own
-interface is chosen (loopback only when ``MASTER_ADDR`` is a loopback address, i.e. every rank is here).
+interface is chosen (loopback only when ``MASTER_ADDR`` is a loopback address, i.e. every rank is here; a name
+that resolves to loopback only here, Debian's ``127.0.1.1 <hostname>``, chooses nothing and says so).
 Standard library only: the doctor asks the same questions before launch.
 """
 
@@ -103,6 +104,15 @@ class Route:
         return is_loopback(self.source)
 
 
+def is_address(host: str) -> bool:
+    """``host`` is an IP address written out (not a name to resolve)."""
+    try:
+        ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return False
+    return True
+
+
 def route_to(host: str) -> Route | None:
     """The route to ``host``; None when the name does not resolve or there is no route."""
     try:
@@ -136,7 +146,8 @@ def user_socket_ifname(env: Mapping[str, str] = os.environ) -> str | None:
 def choose_socket_ifname(env: MutableMapping[str, str] = os.environ, nccl: bool = False) -> str | None:
     """In a run over several machines where neither ``*_SOCKET_IFNAME`` is set: set ``GLOO_SOCKET_IFNAME`` (and
     ``NCCL_SOCKET_IFNAME`` with ``nccl``) to the interface whose route reaches ``MASTER_ADDR``. Returns the line
-    that says so (None when nothing was set); local rank 0 of each machine prints it."""
+    that says so, or that warns when ``MASTER_ADDR`` is a name that is loopback only here (None when there is
+    nothing to say); local rank 0 of each machine prints it."""
     master = env.get("MASTER_ADDR")
     if not master or not spans_machines(env) or user_socket_ifname(env):
         return None
@@ -144,12 +155,19 @@ def choose_socket_ifname(env: MutableMapping[str, str] = os.environ, nccl: bool 
     if route is None or route.interface is None:
         return None
     names = SOCKET_IFNAME_VARS if nccl else SOCKET_IFNAME_VARS[:1]
-    for name in names:
-        env[name] = route.interface
-    line = (
-        f"accel_train: {'/'.join(names)}={route.interface} ({route.source}: the interface whose route reaches "
-        f"the main process at {master}); set {names[0]} yourself to choose another"
-    )
+    if route.loopback and not is_address(master):  # a name that is loopback only here: the others reach it elsewhere
+        line = (
+            f"accel_train: warning: MASTER_ADDR {master} resolves to the loopback address {route.source} on this "
+            f"machine, which the other machines cannot reach; set {names[0]} to the interface they reach this "
+            "machine on, or main_process_ip to its address"
+        )
+    else:
+        for name in names:
+            env[name] = route.interface
+        line = (
+            f"accel_train: {'/'.join(names)}={route.interface} ({route.source}: the interface whose route reaches "
+            f"the main process at {master}); set {names[0]} yourself to choose another"
+        )
     if env.get("LOCAL_RANK", "0") == "0":
         print(line, file=sys.stderr, flush=True)
     return line

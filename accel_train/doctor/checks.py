@@ -13,7 +13,7 @@ from typing import Any
 from accel_train.doctor.configfile import CUDA_TYPES, MULTI_CONFIG, Diagnosis, _plural
 from accel_train.doctor.environment import Environment, parse_visible_devices
 from accel_train.doctor.plan import LaunchPlan, Refused
-from accel_train.netif import Route, is_loopback, user_socket_ifname
+from accel_train.netif import Route, is_address, is_loopback, user_socket_ifname
 from accel_train.runtime import bf16_cpu_note, fp16_ignored, gpus_hidden_on_purpose, wants_cpu_ranks
 
 
@@ -296,6 +296,16 @@ def _socket_interface(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> No
             f"main_process_ip {ip} does not resolve, or this machine has no route to it: the launch would wait for "
             "the main machine's rendezvous until it times out. Set main_process_ip to the main machine's address "
             "as the other machines reach it",
+        )
+        return
+    if route.loopback and not is_address(str(ip)):
+        diag.add(
+            "warning",
+            "main-process-ip-loopback-name",
+            f"main_process_ip {ip} resolves to the loopback address {route.source} on this machine (/etc/hosts), "
+            "but the other machines reach it elsewhere: gloo and NCCL here would announce a loopback address. "
+            "Set main_process_ip to the main machine's address, or GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME to the "
+            "interface the other machines reach it on",
         )
         return
     if route.loopback:

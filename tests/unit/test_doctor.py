@@ -189,6 +189,9 @@ def test_multi_node_main_process_ip_without_a_route_or_on_loopback(tmp_path):
     env = make_env(4, route_to=_routes({"127.0.0.1": here}), hostname=("node7", "127.0.1.1"))
     diag = diagnose(tmp_path, text.replace("10.0.0.1", "127.0.0.1"), env)
     assert finding(diag, "main-process-ip-loopback").level == "info" and not diag.warnings, diag.findings
+    named = make_env(4, route_to=_routes({"node0": netif.Route("node0", "127.0.1.1", "lo")}), hostname=("node0", None))
+    diag = diagnose(tmp_path, text.replace("10.0.0.1", "node0"), named)
+    assert finding(diag, "main-process-ip-loopback-name").level == "warning"
 
 
 def test_this_machines_routes_are_what_the_doctor_asks():

@@ -78,6 +78,17 @@ def test_interface_that_reaches_the_main_process_is_set_and_said_once_per_machin
     assert capsys.readouterr().err == ""  # local rank 1: said by local rank 0 only
 
 
+def test_a_main_host_name_that_is_loopback_only_here_chooses_nothing_and_says_so(capsys):
+    """Debian's ``127.0.1.1 <hostname>``: main_process_ip given as the main machine's name resolves to loopback on
+    that machine only; lo would make it announce a loopback address, so nothing is set (an address written out,
+    127.0.0.1, means every rank is here, and lo is right)."""
+    env = {**MULTI, "MASTER_ADDR": "localhost"}
+    line = netif.choose_socket_ifname(env)
+    assert "GLOO_SOCKET_IFNAME" not in env and line.startswith("accel_train: warning: MASTER_ADDR localhost resolves")
+    assert "set GLOO_SOCKET_IFNAME to the interface" in line and capsys.readouterr().err == line + "\n"
+    assert netif.is_address("127.0.0.1") and netif.is_address("::1") and not netif.is_address("localhost")
+
+
 def test_a_failed_connect_names_the_address_tried_and_the_variable():
     assert peers.unreachable(GLOO_REFUSED) == (
         "could not connect to another process of this run at 127.0.0.1:4006 (Connection refused)"
