@@ -121,8 +121,8 @@ def _peer_check(store: Any, rank: int, world_size: int, connect_s: float | None,
     def check() -> tuple[str, int] | None:
         try:
             if store.add(_FAILURES, 0):
-                store.add(_READ, 1)
                 posted = store.get(_FAILED).decode(errors="replace")
+                store.add(_READ, 1)
                 return f"{prefix} {posted}, so this one stopped too; {about}", PeerLostError.exit_code
             if not arrived_at and store.add(_ARRIVED, 0) >= world_size:
                 arrived_at.append(time.monotonic())

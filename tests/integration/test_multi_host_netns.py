@@ -31,8 +31,20 @@ PARITY = 1e-6  # two processes, SGD: the tolerance of test_faults.py's multi-nod
 BOUND_S = 60  # every rank of a run that cannot connect has left by then (peers.py); the old code hung for 600 s
 
 
+pytestmark = pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root: the two hosts are network namespaces"
+)
+
+
 @pytest.fixture(scope="module")
-def one_box(tmp_path_factory):
+def netns_allowed():
+    """Skips before the reference run where ``ip netns add`` is refused (root without CAP_SYS_ADMIN)."""
+    with two_hosts():
+        pass
+
+
+@pytest.fixture(scope="module")
+def one_box(tmp_path_factory, netns_allowed):
     """The same run as 2 processes on this box (multi_cpu.yaml over loopback)."""
     out = tmp_path_factory.mktemp("one_box")
     check(run_script("train.py", *ARGS, "--max-steps", STEPS, "--output-dir", str(out), config="multi_cpu.yaml"))
