@@ -28,7 +28,9 @@ from accel_train.doctor.launching import child_pids, wait_for_step
 ARGS = ["--model", "lenet", "--global-batch-size", "32", "--log-every", "1", "--threads", "1", *FAST]
 STEPS = "20"
 PARITY = 1e-6  # two processes, SGD: the tolerance of test_faults.py's multi-node and restart parity tests
-BOUND_S = 60  # every rank of a run that cannot connect has left by then (peers.py); the old code hung for 600 s
+# once one rank of a run that cannot connect has left, the others follow within this (peers.py: a 0.5 s poll, the
+# poster waits 2 s for it to be read); the old code's other rank hung for the process-group timeout, 600 s
+BOUND_S = 20
 
 
 pytestmark = pytest.mark.skipif(
@@ -62,20 +64,23 @@ def _launch(host: Host, rank: int, main: Host, log: Path, args: list[str], env: 
         return subprocess.Popen(host.cmd(*cmd), cwd=REPO, env=_env(env), stdout=fh, stderr=subprocess.STDOUT)
 
 
-def _finish(procs: list, timeout: float) -> float:
-    """Wait for every process; returns the seconds it took. Kills them (and fails) after ``timeout``."""
-    start = time.monotonic()
+def _finish(procs: list, timeout: float) -> list[float]:
+    """Wait for every process; returns the seconds each took to end. Kills them (and fails) after ``timeout``."""
+    start, ended = time.monotonic(), [None] * len(procs)
     try:
-        for p in procs:
-            p.wait(timeout=max(0.1, timeout - (time.monotonic() - start)))
-    except subprocess.TimeoutExpired:
-        alive = [p.args[3] for p in procs if p.poll() is None]
-        pytest.fail(f"still running after {timeout:g} s in {alive} (the hang of issue 31)")
+        while None in ended:
+            if time.monotonic() - start > timeout:
+                alive = [p.args[3] for p in procs if p.poll() is None]
+                pytest.fail(f"still running after {timeout:g} s in {alive} (the hang of issue 31)")
+            for i, p in enumerate(procs):
+                if ended[i] is None and p.poll() is not None:
+                    ended[i] = time.monotonic() - start
+            time.sleep(0.1)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    return time.monotonic() - start
+    return ended
 
 
 def _rank_errors(log: str) -> list[str]:
@@ -111,7 +116,7 @@ def test_two_hosts_with_a_loopback_hostname_train_like_one_box(tmp_path, one_box
     logs = [tmp_path / "host0.log", tmp_path / "host1.log"]
     with two_hosts() as hosts:
         procs = [_launch(h, r, hosts[0], logs[r], args) for r, h in enumerate(hosts)]
-        _finish(procs, 240)
+        _finish(procs, 300)
     text = [log.read_text() for log in logs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(t[-4000:] for t in text)
     for host, t in zip(hosts, text, strict=True):  # said once per machine: the interface that reaches host 0
@@ -131,10 +136,10 @@ def test_ranks_that_cannot_connect_all_leave_in_bounded_time_with_one_line(tmp_p
     args = [*ARGS, "--max-steps", STEPS, "--output-dir", str(tmp_path / "run")]
     with two_hosts() as hosts:
         procs = [_launch(h, r, hosts[0], logs[r], args, {"GLOO_SOCKET_IFNAME": "lo"}) for r, h in enumerate(hosts)]
-        took = _finish(procs, BOUND_S + 30)
+        ended = _finish(procs, 180)  # starting both (importing torch) takes most of it, and long under load
     text = [log.read_text() for log in logs]
     shown = "\n".join(t[-3000:] for t in text)
-    print(f"both machines left after {took:.1f} s")
+    print(f"the machines left {ended[0]:.1f} s and {ended[1]:.1f} s after they were started")
     for t, p in zip(text, procs, strict=True):
         lines = _rank_errors(t)
         assert p.returncode != 0 and len(lines) == 1, shown
@@ -142,7 +147,7 @@ def test_ranks_that_cannot_connect_all_leave_in_bounded_time_with_one_line(tmp_p
         assert "unexpected failure" not in t and str(REPO / "accel_train") not in t, shown  # no rank traceback
         assert re.search(r"exitcode\s*:\s*4 \(pid", t), shown  # each rank's own exit code (PeerLostError's)
     assert any("could not connect to another process of this run at 127.0.0.1:" in _rank_errors(t)[0] for t in text)
-    assert took < BOUND_S
+    assert max(ended) - min(ended) < BOUND_S, ended
 
 
 def test_survivor_on_the_other_host_of_a_sigkilled_peer_leaves_with_one_line(tmp_path):
@@ -156,7 +161,7 @@ def test_survivor_on_the_other_host_of_a_sigkilled_peer_leaves_with_one_line(tmp
             ranks = child_pids(procs[1].pid)
             assert len(ranks) == 1, ranks
             os.kill(ranks[0], signal.SIGKILL)  # rank 1, on the second host
-            took = _finish(procs, BOUND_S)
+            took = max(_finish(procs, 60))
         finally:
             for p in procs:
                 if p.poll() is None:
