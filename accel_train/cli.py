@@ -41,6 +41,9 @@ def _unexpected(exc: Exception, debug: bool) -> int:
         print(f"{_rank_prefix()}error: unexpected failure (traceback below)", file=sys.stderr, flush=True)
         traceback.print_exc()
         return 1
+    from accel_train.runtime import ignore_stop_signals  # torch: only in a multi-process run's failure
+
+    ignore_stop_signals()  # the launcher's SIGTERM for the same lost peer must not end this as -15
     if debug:
         traceback.print_exc()
     print(_error_line(f"{_rank_prefix()}error: {lost}"), file=sys.stderr, flush=True)

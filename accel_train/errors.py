@@ -81,7 +81,7 @@ PEER_LOST_SIGNS = (
 )
 
 
-def peer_lost(exc: BaseException, rank: int, world_size: int) -> PeerLostError | None:
+def peer_lost(exc: BaseException | None, rank: int, world_size: int) -> PeerLostError | None:
     """A :class:`PeerLostError` when ``exc`` (or an exception it was raised from) is a collective's failure because
     another process of this ``world_size``-process run is gone; None for anything else (a bug keeps its traceback).
     """

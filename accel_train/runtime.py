@@ -17,8 +17,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import signal
 import sys
-import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Protocol
@@ -29,7 +29,8 @@ import torch.nn as nn
 from accel_train.accelerate_env import check_accelerate_env
 from accel_train.elastic import launched_world_size, relaunch_as_ranks
 from accel_train.errors import LaunchError
-from accel_train.fsio import WRITE_GUARD
+from accel_train.netif import choose_socket_ifname, spans_machines
+from accel_train.peers import join_bounded, watch
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -95,9 +96,17 @@ def init_process_group_per_attempt(cpu: bool, timeout: timedelta) -> None:
         device_id = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device_id)
         backend = "nccl"  # bound to its device: eager NCCL init, no guessing of the rank's GPU
-    dist.init_process_group(
-        backend, store=store, rank=rank, world_size=world_size, timeout=timeout, device_id=device_id
-    )
+
+    def init() -> None:
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world_size, timeout=timeout, device_id=device_id
+        )
+
+    if not spans_machines():
+        init()
+        return
+    choose_socket_ifname(nccl=backend == "nccl")  # where the hostname resolves to loopback (netif.py)
+    join_bounded(store, rank, world_size, init, nccl=backend == "nccl")  # no rank waits for a peer that failed
 
 
 def gpus_hidden_on_purpose(env: dict[str, str] | os._Environ = os.environ) -> bool:
@@ -427,24 +436,30 @@ def watch_launcher(env: dict[str, str] | os._Environ = os.environ, poll_s: float
     """
     if "TORCHELASTIC_RUN_ID" not in env:
         return False
-    import threading
 
     launcher = os.getppid()
 
-    def watch() -> None:
-        while os.getppid() == launcher:
-            time.sleep(poll_s)
-        WRITE_GUARD.acquire(timeout=10)
-        print(
+    def gone() -> tuple[str, int] | None:
+        if os.getppid() == launcher:
+            return None
+        return (
             f"[rank {env.get('RANK', '0')}] error: the launcher (pid {launcher}) is gone; exiting (the last "
             "complete checkpoint is intact: continue with --resume auto)",
-            file=sys.stderr,
-            flush=True,
+            1,
         )
-        os._exit(1)
 
-    threading.Thread(target=watch, name="accel_train-orphan-watch", daemon=True).start()
+    watch(gone, "accel_train-orphan-watch", poll_s=poll_s)
     return True
+
+
+def ignore_stop_signals() -> None:
+    """This process is on its way out because another process of the run is gone (``errors.peer_lost``): the
+    launcher's SIGTERM, sent because of that same loss (torchrun: once it sees the dead rank), must not replace
+    the one line and exit code 4 it is about to give; SIGTERM's default action would end it as -15 with no line
+    (SIGINT: "interrupted", 130). Only a slow way out meets that signal, so a loaded machine's; a way out that
+    hangs still ends with the launcher's SIGKILL (torchrun's, 30 s later). Main thread only."""
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, signal.SIG_IGN)
 
 
 def finish_process(exit_code: int = 0) -> None:

@@ -27,7 +27,7 @@ from accel_train.checkpoint.weights import export_weights
 from accel_train.config import TrainConfig
 from accel_train.data.base import DatasetInfo
 from accel_train.data.pipeline import BatchNormalizer, BatchPlan
-from accel_train.errors import NonFiniteLossError
+from accel_train.errors import NonFiniteLossError, peer_lost
 from accel_train.evaluation import evaluate_model
 from accel_train.features import TrainFeatures
 from accel_train.fsio import write_json_atomic
@@ -35,7 +35,7 @@ from accel_train.later_imports import load_after_first_step
 from accel_train.meters import StepTimer, Window
 from accel_train.optim import GradClipper
 from accel_train.run_dir import BEST, CONFUSION_JSON, CONFUSION_PNG, MODEL, MODEL_EMA, SUMMARY, RunDir
-from accel_train.runtime import Runtime
+from accel_train.runtime import Runtime, ignore_stop_signals
 from accel_train.tracking import TRACKER_RUNS, RunLogger, tracker_run_ids
 
 SIGNAL_VOTE_EVERY = 10  # steps between the ranks' votes on SIGTERM/SIGINT
@@ -165,6 +165,8 @@ class Trainer:
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
+            if peer_lost(sys.exc_info()[1], self.acc.process_index, self.acc.num_processes):
+                ignore_stop_signals()  # leaving with exit 4: the launcher's SIGTERM must not end it as -15
             for timer in self._watchdog:
                 timer.cancel()
             self.logger.close()

@@ -10,6 +10,9 @@ FAULT_ENOSPC makes the disk "fill up" (OSError ENOSPC, as a real full disk gives
 ``checkpoint:N`` during the N-th checkpoint save (after a partial file is written),
 ``export`` in every safetensors write (exports; checkpoints too, unless disabled),
 ``metrics:N`` on the N-th metrics line.
+
+FAULT_SLOW_EXIT=S: the way out after an error (``cli._unexpected``, where the one-line error is printed) takes S
+seconds longer, as a loaded machine's teardown does: a launcher's SIGTERM then lands in it.
 """
 
 import errno
@@ -93,6 +96,20 @@ def _fill_disk_at(spec: str) -> None:
         )
 
 
+def _slow_exit(seconds: float) -> None:
+    import accel_train.cli as cli
+
+    real = cli._unexpected
+
+    def unexpected(exc, debug):
+        time.sleep(seconds)
+        return real(exc, debug)
+
+    cli._unexpected = unexpected
+
+
+if os.environ.get("FAULT_SLOW_EXIT"):
+    _slow_exit(float(os.environ["FAULT_SLOW_EXIT"]))
 if os.environ.get("FAULT_ENOSPC"):
     _fill_disk_at(os.environ["FAULT_ENOSPC"])
 

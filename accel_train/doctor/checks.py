@@ -13,6 +13,7 @@ from typing import Any
 from accel_train.doctor.configfile import CUDA_TYPES, MULTI_CONFIG, Diagnosis, _plural
 from accel_train.doctor.environment import Environment, parse_visible_devices
 from accel_train.doctor.plan import LaunchPlan, Refused
+from accel_train.netif import Route, is_address, is_loopback, user_socket_ifname
 from accel_train.runtime import bf16_cpu_note, fp16_ignored, gpus_hidden_on_purpose, wants_cpu_ranks
 
 
@@ -282,6 +283,73 @@ def _multi_machine(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
         )
 
 
+def _socket_interface(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
+    """Several machines: the interface that reaches main_process_ip, which train.py gives gloo/NCCL (netif.py)."""
+    ip = plan.args.main_process_ip
+    if plan.args.num_machines <= 1 or not ip or env.route_to is None:
+        return
+    route = env.route_to(str(ip))
+    if route is None:
+        diag.add(
+            "warning",
+            "main-process-ip-unreachable",
+            f"main_process_ip {ip} does not resolve, or this machine has no route to it: the launch would wait for "
+            "the main machine's rendezvous until it times out. Set main_process_ip to the main machine's address "
+            "as the other machines reach it",
+        )
+        return
+    if route.loopback and not is_address(str(ip)):
+        diag.add(
+            "warning",
+            "main-process-ip-loopback-name",
+            f"main_process_ip {ip} resolves to the loopback address {route.source} on this machine (/etc/hosts), "
+            "but the other machines reach it elsewhere: gloo and NCCL here would announce a loopback address. "
+            "Set main_process_ip to the main machine's address, or GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME to the "
+            "interface the other machines reach it on",
+        )
+        return
+    if route.loopback:
+        diag.add(
+            "info",
+            "main-process-ip-loopback",
+            f"main_process_ip {ip} is a loopback address: only processes on this machine reach it (every machine "
+            "of this config runs here). For real machines set the main machine's address that all of them reach",
+        )
+        return
+    variables = "GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME" if plan.backend == "nccl" else "GLOO_SOCKET_IFNAME"
+    user = user_socket_ifname(plan.shell_env)
+    via = f"this machine reaches main_process_ip {ip} through interface {route.interface or '?'} ({route.source})"
+    if user:
+        then = f"you set {user}, which train.py keeps"
+    elif route.interface:
+        then = f"train.py sets {variables}={route.interface} in each process (set it yourself to choose another)"
+    else:
+        then = f"train.py cannot name that interface: set {variables} to it yourself"
+    diag.add("info", "socket-interface", f"{via}; {then}")
+    if not user:
+        _hostname_loopback(route, variables, env, diag)
+
+
+def _hostname_loopback(route: Route, variables: str, env: Environment, diag: Diagnosis) -> None:
+    """gloo and NCCL take their address from the hostname: a loopback one cannot be reached from other machines."""
+    name, address = env.hostname or ("", None)
+    if address is None or not is_loopback(address):
+        return
+    fix = (
+        f"train.py now sets {variables}={route.interface} itself (the interface that reaches main_process_ip)"
+        if route.interface
+        else f"set {variables} to the interface that reaches main_process_ip"
+    )
+    diag.add(
+        "warning",
+        "hostname-loopback",
+        f"the hostname {name} resolves to the loopback address {address} (/etc/hosts): gloo and NCCL would "
+        f"announce it to the other machines, which cannot connect to it (Gloo connectFullMesh failed ... "
+        f"remote=[{address}]); {fix}. To be explicit, set {variables} on each machine, or map {name} to "
+        f"{route.source} in /etc/hosts",
+    )
+
+
 def _fsdp2_ram_efficient_loading(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
     """accelerate issue #3898: FSDP2 + cpu_ram_efficient_loading reads .device_mesh from plain buffers."""
     fsdp = plan.launched_env
@@ -310,6 +378,7 @@ def add_traps(plan: LaunchPlan, env: Environment, diag: Diagnosis) -> None:
         _port_in_use,
         _single_process_notes,
         _multi_machine,
+        _socket_interface,
         _fsdp2_ram_efficient_loading,
     ):
         check(plan, env, diag)

@@ -1,13 +1,16 @@
-"""The machine as the doctor sees it: GPUs, CUDA_VISIBLE_DEVICES, cores, mpirun, versions, ports."""
+"""The machine as the doctor sees it: GPUs, CUDA_VISIBLE_DEVICES, cores, mpirun, versions, ports, routes."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import os
 import shutil
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from accel_train.netif import Route, hostname_address, route_to
 
 
 def port_in_use(port: int) -> bool:
@@ -55,6 +58,10 @@ class Environment:
     # None = unknown (only knowable via NVML when CUDA_VISIBLE_DEVICES is set).
     physical_gpu_count: int | None = None
     cpu_bf16: str = "unknown"  # runtime.cpu_bf16_kind(): amx | avx512_bf16 | none | unknown
+    # the network (netif.py), None where unknown (a machine described by hand): the route to an address, and the
+    # hostname with the address it resolves to (gloo's own choice of address)
+    route_to: Callable[[str], Route | None] | None = None
+    hostname: tuple[str, str | None] | None = None
 
     @property
     def physical_gpus(self) -> int | None:
@@ -99,6 +106,8 @@ class Environment:
             port_in_use=port_in_use,
             physical_gpu_count=physical,
             cpu_bf16=cpu_bf16_kind(),
+            route_to=route_to,
+            hostname=(socket.gethostname(), hostname_address()),
         )
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from accel_train import netif
 from accel_train.doctor import (
     CUDA_TYPES,
     RUN_KEYS,
@@ -150,6 +151,53 @@ def test_multi_node(tmp_path, rank):
     assert diag.plan["processes_per_machine"] == 4
     assert diag.plan["world_size"] == 8
     assert diag.plan["machine_rank"] == rank
+
+
+def _routes(table: dict):
+    return lambda host: table.get(host)
+
+
+def test_multi_node_names_the_interface_and_warns_of_a_loopback_hostname(tmp_path, monkeypatch):
+    """Issue 31: gloo and NCCL take their address from the hostname; where it is loopback train.py sets the
+    interface that reaches main_process_ip itself, and the doctor says which, and why."""
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        monkeypatch.delenv(name, raising=False)
+    route = netif.Route("10.0.0.1", "10.0.0.7", "ens5")
+    env = make_env(4, route_to=_routes({"10.0.0.1": route}), hostname=("node7", "127.0.1.1"))
+    diag = diagnose(tmp_path, MULTI_NODE.format(rank=1, port=29500), env)
+    assert finding(diag, "socket-interface").message == (
+        "this machine reaches main_process_ip 10.0.0.1 through interface ens5 (10.0.0.7); train.py sets "
+        "GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME=ens5 in each process (set it yourself to choose another)"
+    )
+    warning = finding(diag, "hostname-loopback")
+    assert warning.level == "warning" and diag.ok
+    assert "node7 resolves to the loopback address 127.0.1.1" in warning.message
+    assert "train.py now sets GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME=ens5 itself" in warning.message
+    good_hostname = make_env(4, route_to=_routes({"10.0.0.1": route}), hostname=("node7", "10.0.0.7"))
+    assert not diagnose(tmp_path, MULTI_NODE.format(rank=1, port=29500), good_hostname).warnings
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ib0")  # the user's choice wins: said, and no warning
+    diag = diagnose(tmp_path, MULTI_NODE.format(rank=1, port=29500), env)
+    assert "you set GLOO_SOCKET_IFNAME=ib0, which train.py keeps" in finding(diag, "socket-interface").message
+    assert not diag.warnings, diag.findings
+
+
+def test_multi_node_main_process_ip_without_a_route_or_on_loopback(tmp_path):
+    text = MULTI_NODE.format(rank=1, port=29500)
+    diag = diagnose(tmp_path, text, make_env(4, route_to=_routes({}), hostname=("node7", "127.0.1.1")))
+    assert finding(diag, "main-process-ip-unreachable").level == "warning"
+    here = netif.Route("127.0.0.1", "127.0.0.1", "lo")
+    env = make_env(4, route_to=_routes({"127.0.0.1": here}), hostname=("node7", "127.0.1.1"))
+    diag = diagnose(tmp_path, text.replace("10.0.0.1", "127.0.0.1"), env)
+    assert finding(diag, "main-process-ip-loopback").level == "info" and not diag.warnings, diag.findings
+    named = make_env(4, route_to=_routes({"node0": netif.Route("node0", "127.0.1.1", "lo")}), hostname=("node0", None))
+    diag = diagnose(tmp_path, text.replace("10.0.0.1", "node0"), named)
+    assert finding(diag, "main-process-ip-loopback-name").level == "warning"
+
+
+def test_this_machines_routes_are_what_the_doctor_asks():
+    env = Environment.detect()
+    assert env.route_to("127.0.0.1") == netif.Route("127.0.0.1", "127.0.0.1", "lo")
+    assert env.hostname == (socket.gethostname(), netif.hostname_address())
 
 
 def test_json_config_file(tmp_path):

@@ -15,6 +15,7 @@ The in-process tests; whole runs and launches are in ../integration/test_input_f
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import numpy as np
@@ -120,8 +121,15 @@ def test_run_main_prints_one_line_for_a_lost_peer(monkeypatch, capsys):
     def main(argv):
         raise RuntimeError(GLOO_RESET)
 
-    with pytest.raises(SystemExit) as info:
-        run_main(main, [])
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with pytest.raises(SystemExit) as info:
+            run_main(main, [])
+        # leaving with exit 4: the launcher's SIGTERM for the same lost peer must not turn it into -15 (issue 31)
+        assert signal.getsignal(signal.SIGTERM) == signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
     err = capsys.readouterr().err
     assert info.value.code == 4, err
     assert err.count("\n") == 1 and err.startswith("[rank 1] error: another process of this run (rank 0) died"), err
