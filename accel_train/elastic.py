@@ -44,6 +44,7 @@ def launched_world_size(env: dict[str, str] | os._Environ = os.environ) -> int:
 RELAUNCHED = "ACCEL_TRAIN_MULTI_CPU_RANKS"
 _CLI_MODULE = "accelerate.commands.accelerate_cli"
 _LAUNCH_MODULE = "accelerate.commands.launch"
+_QUIET_LAUNCH_MODULE = "accel_train.commands.launch"  # accelerate launch with an exit code for batch jobs (Slurm)
 
 
 def started_alone_by_simple_launcher(env: dict[str, str] | os._Environ = os.environ) -> bool:
@@ -67,13 +68,13 @@ def launch_argv(cmdline: Sequence[str]) -> list[str] | None:
     """The arguments after ``accelerate launch`` in ``cmdline``; None when it is not an accelerate launch.
 
     Recognised: ``accelerate launch ...`` (the console script, run by any interpreter),
-    ``python -m accelerate.commands.accelerate_cli launch ...``, ``accelerate-launch ...`` and
-    ``python -m accelerate.commands.launch ...``.
+    ``python -m accelerate.commands.accelerate_cli launch ...``, ``accelerate-launch ...``,
+    ``python -m accelerate.commands.launch ...`` and ``python -m accel_train.commands.launch ...``.
     """
     for i, arg in enumerate(cmdline):
         after = list(cmdline[i + 1 :])
         if i > 0 and cmdline[i - 1] == "-m":  # python -m MODULE ...
-            if arg == _LAUNCH_MODULE:
+            if arg in (_LAUNCH_MODULE, _QUIET_LAUNCH_MODULE):
                 return after
             if arg == _CLI_MODULE and after[:1] == ["launch"]:
                 return after[1:]

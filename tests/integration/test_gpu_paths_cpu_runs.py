@@ -163,13 +163,6 @@ def test_scaler_state_resumes_and_a_run_without_scaler_ignores_it(tmp_path, caps
     plain.run_dir.lock.release()
 
 
-def test_slurm_signal_reaches_the_job_steps():
-    text = (REPO / "scripts" / "slurm" / "train.sbatch").read_text()
-    signal_lines = [line for line in text.splitlines() if line.startswith("#SBATCH --signal")]
-    assert signal_lines and all("B:" not in line.split()[1] for line in signal_lines), signal_lines
-    assert "exec accelerate launch" in text  # the launcher replaces bash: nothing in between swallows SIGTERM
-
-
 def test_peak_memory_is_reset_before_the_first_step_and_reserved_memory_is_reported(tmp_path, monkeypatch):
     import accel_train.trainer as trainer_module
 

@@ -64,6 +64,10 @@ def _multi_machine_yaml(tmp_path):
         ([PY, "-m", "accelerate.commands.accelerate_cli", "launch", "t.py", "--x"], []),
         ([PY, "/venv/bin/accelerate-launch", "--num_processes", "2", "t.py", "--x"], ["--num_processes", "2"]),
         ([PY, "-u", "-m", "accelerate.commands.launch", "t.py", "--x"], []),
+        (
+            [PY, "-m", "accel_train.commands.launch", "--config_file", "c.yaml", "t.py", "--x"],
+            ["--config_file", "c.yaml"],
+        ),
     ],
 )
 def test_launch_argv_finds_accelerate_launch(cmdline, expected):
