@@ -158,7 +158,7 @@ def compare_mnist(
             "with a small random rotation, scale and shift; not MNIST: the ratio says how both recipes start and learn "
             "on MNIST-format data, not what they do on MNIST)"
         )
-    cap_s, max_epochs = (900.0, 14) if mode == "full" else (90.0, 3)
+    cap_s, max_epochs = (900.0, 14) if mode == "full" else (120.0, 4)
     ours_runs, rival_runs = [], []
     for rep in range(repeats):
         log(f"bench: [{rep + 1}/{repeats}] time to {target:.0%} on MNIST-format data: scripts/train.py defaults")
