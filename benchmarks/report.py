@@ -187,9 +187,10 @@ def _startup_md(run: dict[str, Any] | None, kind: str) -> list[str]:
         f"| plain | {plain['process_wall_s']:.2f} s | {plain['imports_s']:.2f} s | {plain['setup_s']:.2f} s | "
         f"{plain['train_s']:.2f} s | {plain['finish_s']:.2f} s |",
         "",
-        "Ours: interpreter, imports and arguments up to `fit`; set-up includes the imports `fit` does lazily; "
-        "training runs to the last metrics event (its exports and checkpoints included). Each row is its side's "
-        "median run.",
+        "Ours: the process wall minus `fit`'s (interpreter, imports and arguments, and the interpreter's exit); "
+        "set-up includes the imports `fit` does lazily; training runs to the last metrics event (its exports and "
+        "checkpoints included). Plain: stamps the script writes (its exit is in the last column). Each row is its "
+        "side's median run; other processes on the CPU move every figure, so read the ratio.",
     ]
 
 
