@@ -33,9 +33,12 @@
   profile of where forward+backward time goes.
 * **time to accuracy** (``time_to_accuracy``): launch to 97% test accuracy, ``scripts/train.py``
   defaults vs the seed-000 recipe (per-sample PIL images + ``ToTensor``, a
-  DataLoader with 2 workers, a ``.to(device)`` per step, mnist_cnn).
+  DataLoader with 2 workers, a ``.to(device)`` per step, mnist_cnn); and (``mnist_rival``) launch to 98% on
+  MNIST-format data (``--data-dir`` or synthetic MNIST-shaped handwriting), ``scripts/train.py`` defaults vs
+  pytorch/examples' MNIST recipe (``examples_mnist.py``), interleaved.
 * machine (``machine``): cores, versions, fp32/bf16 GEMM peak (same threads), load
-  average; ``startup`` times ``--help`` and the default run from process start.
+  average; ``startup`` times ``--help`` and the default run from process start, interleaved with the same work
+  as a plain PyTorch script (``plain_default_run.py``, the start-up floor).
 
 Children are started with ``python -m benchmarks.bench --child KIND SPEC``.
 Nothing here asserts a goal: goals are evaluated and reported (``goals``); ``results``

@@ -157,3 +157,39 @@ def test_tf32_is_set_alike_and_recorded(tmp_path):
         assert (flags["matmul_allow_tf32"], flags["cudnn_allow_tf32"]) == (value == "1", value == "1")
         assert setup_mismatch(CUDA_FP32, {"mixed_precision": "no", "world_size": 1}, [rank0], value == "1") == ""
         assert "TF32" in setup_mismatch(CUDA_FP32, {"mixed_precision": "no", "world_size": 1}, [rank0], value == "0")
+
+
+def test_mnist_rows_against_pytorch_examples_appear(tmp_path, monkeypatch):
+    """Time to accuracy on MNIST-format data, ours vs pytorch/examples' recipe, from real launches of both on tiny
+    synthetic IDX files (the target 0: the row's plumbing, not its figures), into the goals and the report."""
+    from accel_train.data import DataConfig, build_dataset
+    from benchmarks import mnist_rival
+    from benchmarks.goals import evaluate_goals
+    from benchmarks.report import _mnist_md
+    from benchmarks.time_to_accuracy import time_to_accuracy_portable
+
+    monkeypatch.setitem(mnist_rival.SIZES, "quick", (256, 128))
+    monkeypatch.setitem(mnist_rival.TARGETS, "quick", 0.0)
+    row = mnist_rival.compare_mnist("quick", None, False, tmp_path, 1, lambda msg: None, time_to_accuracy_portable)
+    ours, rival = row["ours"], row["rival"]
+    assert "error" not in ours and "error" not in rival, (ours.get("error"), rival.get("error"))
+    assert ours["reached"] and ours["command"].startswith("python scripts/train.py --output-dir OUT")
+    assert rival["reached"] and [e["epoch"] for e in rival["evals"]] == [1] and rival["epoch"] == 1
+    assert row["speedup"] == rival["time_to_target_s"] / ours["time_to_target_s"] and row["synthetic"]
+    splits = build_dataset(DataConfig(dataset="mnist", data_dir=str(tmp_path / "synthetic_mnist")))
+    assert (len(splits.train), len(splits.test)) == (256, 128)  # what torchvision gave the rival, ours reads too
+    [goal] = [g for g in evaluate_goals([], {"mnist_vs_examples": row}, {}) if "pytorch/examples" in g["goal"]]
+    assert goal["met"] is None and goal["value"] == row["speedup"]
+    assert "| rival | yes |" in "\n".join(_mnist_md(row, "avx2"))
+
+
+def test_plain_default_run_reports_its_work_and_phases(tmp_path):
+    """The start-up floor, launched as the benchmark launches it: 352 steps, 8 evaluations, phases that add up."""
+    from benchmarks.startup import _one_plain_run
+
+    run = _one_plain_run(tmp_path / "stamps.json")
+    assert "error" not in run, run.get("error")
+    assert (run["steps"], run["evals"]) == (352, 8) and run["eval_accuracy"] > 0.9
+    phases = run["imports_s"] + run["setup_s"] + run["train_s"] + run["finish_s"]
+    assert min(run["imports_s"], run["setup_s"], run["train_s"], run["finish_s"]) > 0
+    assert phases == pytest.approx(run["process_wall_s"], abs=0.01)

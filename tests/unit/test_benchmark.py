@@ -424,3 +424,129 @@ def test_issue_12_goals_default_run_and_bf16_by_cpu_kind():
         assert amx and all(g["met"] in (True, False) for g in amx)
     md = render_markdown({**report, "default_run": default_run})
     assert "## The default run, from process start" in md and "| 3.00 s | 0.50 s | 2.00 s | 0.50 s |" in md
+
+
+def _startup_run(ratio: float) -> dict:
+    """A default run measured beside the plain script doing its work, ``ratio`` times slower (median/median)."""
+    plain = {
+        "process_wall_s": 4.0,
+        "imports_s": 1.5,
+        "setup_s": 0.2,
+        "train_s": 2.2,
+        "finish_s": 0.1,
+        "steps": 352,
+        "evals": 8,
+        "eval_accuracy": 0.98,
+        "runs_s": [4.0, 4.1],
+        "command": "python benchmarks/plain_default_run.py",
+    }
+    ours = {"process_wall_s": 4.0 * ratio, "before_fit_s": 3.0, "setup_s": 0.5, "train_s": 2.0, "finish_s": 0.5}
+    return {
+        **ours,
+        "eval_accuracy": 0.98,
+        "runs_s": [4.0 * ratio, 4.1 * ratio],
+        "command": "python scripts/train.py",
+        "plain": plain,
+        "ratio_vs_plain": ratio,
+        "ratio_vs_plain_min": ratio * 0.98,
+        "pair_ratios": [ratio, ratio],
+    }
+
+
+@pytest.mark.parametrize("ratio, met", [(1.2, True), (1.25, True), (1.58, False)])
+def test_startup_goal_is_the_default_run_against_the_plain_script(ratio, met):
+    """Issue 29: the default run <= 1.25x the plain script doing the same work, from process start."""
+    report = _fabricated_report()
+    run = _startup_run(ratio)
+    goals = evaluate_goals(report["results"], None, {}, run, "avx2")
+    [goal] = [g for g in goals if "the plain script doing the same work" in g["goal"]]
+    assert goal["value"] == ratio and goal["threshold"] == 1.25 and goal["met"] is met
+    assert goal["value_best_window"] == ratio * 0.98  # fastest/fastest
+    md = render_markdown({**report, "machine": {**report["machine"], "cpu_bf16_kind": "avx2"}, "default_run": run})
+    assert "### Against the plain script doing the same work (CPU kind `avx2`)" in md
+    assert f"**Ratio {ratio:.2f}x**" in md and "| plain | 4.00 s | 1.50 s | 0.20 s | 2.20 s | 0.10 s |" in md
+    without = {k: v for k, v in run.items() if k not in ("plain", "ratio_vs_plain")}  # a run with no plain side
+    assert not [g for g in evaluate_goals(report["results"], None, {}, without) if "plain script" in g["goal"]]
+
+
+def _mnist_row(speedup: float | None, synthetic: bool = False, target: float = 0.98) -> dict:
+    ours = {"reached": True, "time_to_target_s": 5.0, "step": 300, "epoch": 2, "best_accuracy": 0.985}
+    rival = {
+        "reached": speedup is not None,
+        "time_to_target_s": 5.0 * speedup if speedup else None,
+        "epoch": 2,
+        "best_accuracy": 0.981,
+        "evals": [{"epoch": 1, "accuracy": 0.97, "time_s": 12.0}, {"epoch": 2, "accuracy": 0.981, "time_s": 20.0}],
+        "stopped": "target reached" if speedup else "max epochs",
+        "recipe": "pytorch/examples",
+        "command": "python benchmarks/examples_mnist.py",
+    }
+    return {
+        "data": "synthetic" if synthetic else "MNIST",
+        "synthetic": synthetic,
+        "target_accuracy": target,
+        "repeats": 2,
+        "ours": {**ours, "runs_s": [5.0, 5.2], "command": "python scripts/train.py"},
+        "rival": {**rival, "runs_s": [rival["time_to_target_s"]] * 2},
+        "ours_median_s": 5.0,
+        "rival_median_s": rival["time_to_target_s"],
+        "speedup": speedup,
+        "pair_speedups": [speedup] * 2 if speedup else [],
+        "caps": {},
+    }
+
+
+@pytest.mark.parametrize(
+    "row, met",
+    [
+        (_mnist_row(5.0), True),
+        (_mnist_row(2.5), False),  # the issue's outside measurement: 2.5x
+        (_mnist_row(5.0, synthetic=True), None),  # synthetic data: measured, not judged
+        (_mnist_row(5.0, target=0.9), None),  # the --quick target
+    ],
+)
+def test_mnist_goal_is_4x_pytorch_examples_at_98_percent_on_mnist(row, met):
+    """Issue 29: time to 98% on MNIST-format data >= 4x faster than pytorch/examples' recipe, from process start."""
+    report = _fabricated_report()
+    t2a = {**report["time_to_accuracy"], "mnist_vs_examples": row}
+    [goal] = [g for g in evaluate_goals(report["results"], t2a, {}) if "pytorch/examples" in g["goal"]]
+    assert goal["value"] == row["speedup"] and goal["threshold"] == 4.0 and goal["met"] is met
+    md = render_markdown({**report, "machine": {**report["machine"], "cpu_bf16_kind": "avx2"}, "time_to_accuracy": t2a})
+    assert f"## Time to {row['target_accuracy']:.0%} on MNIST-format data, from process start" in md
+    assert "(CPU kind `avx2`)" in md and f"**{row['speedup']:.1f}x**" in md and "Rival per epoch: 1: 0.970 @ 12s" in md
+
+
+def test_mnist_row_without_a_rival_reaching_the_target_is_not_judged():
+    report = _fabricated_report()
+    t2a = {**report["time_to_accuracy"], "mnist_vs_examples": _mnist_row(None)}
+    [goal] = [g for g in evaluate_goals(report["results"], t2a, {}) if "pytorch/examples" in g["goal"]]
+    assert goal["value"] is None and goal["met"] is None
+    assert "- (a side did not reach the target)" in render_markdown({**report, "time_to_accuracy": t2a})
+
+
+def test_plain_default_run_does_the_default_configs_work():
+    """The start-up floor trains what ``python scripts/train.py`` trains: same epochs, batch, optimizer, LR,
+    clipping, logging, evaluation batch, seed, and a LeNet of the same shape."""
+    from accel_train.config import TrainConfig
+    from accel_train.models.lenet import LeNet
+    from benchmarks import plain_default_run as plain
+
+    cfg = TrainConfig()
+    assert (cfg.dataset, cfg.model, cfg.optimizer, cfg.lr_schedule, cfg.warmup_steps) == (
+        "digits",
+        "lenet",
+        "adam",
+        "cosine",
+        0,
+    )
+    assert (plain.EPOCHS, plain.BATCH, plain.LR, plain.MAX_GRAD_NORM, plain.LOG_EVERY, plain.SEED) == (
+        cfg.epochs,
+        cfg.batch_size,
+        cfg.lr,
+        cfg.max_grad_norm,
+        cfg.log_every,
+        cfg.seed,
+    )
+    assert plain.EVAL_BATCH == 2 * cfg.batch_size and cfg.eval_batch_size is None and cfg.eval_every == 0
+    ours, theirs = LeNet(10, 1, 28), plain.lenet()
+    assert [p.shape for p in ours.parameters()] == [p.shape for p in theirs.parameters()]
