@@ -65,7 +65,7 @@ def _series(records: Iterable[dict], key: str) -> tuple[list[float], list[float]
 
 
 def load_pyplot():
-    """``matplotlib.pyplot`` on the Agg backend (no display needed); the trainer loads it early in a thread."""
+    """``matplotlib.pyplot`` on the Agg backend (no display needed), imported at the first plot."""
     import matplotlib
 
     matplotlib.use("Agg")

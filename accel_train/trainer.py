@@ -31,7 +31,6 @@ from accel_train.errors import NonFiniteLossError, peer_lost
 from accel_train.evaluation import evaluate_model
 from accel_train.features import TrainFeatures
 from accel_train.fsio import write_json_atomic
-from accel_train.later_imports import load_after_first_step
 from accel_train.meters import StepTimer, Window
 from accel_train.optim import GradClipper
 from accel_train.run_dir import BEST, CONFUSION_JSON, CONFUSION_PNG, MODEL, MODEL_EMA, SUMMARY, RunDir
@@ -115,7 +114,6 @@ class Trainer:
     _last_log: tuple[float, int] = (0.0, 0)  # (time, samples seen) of the last train record: its throughput
     clip: GradClipper | None = None  # --max-grad-norm (build.py)
     direct: bool = False  # optim.direct_backward: loss.backward() without accelerate's per-step bookkeeping
-    _later_imports: bool = False  # started loading what the evaluations and plots import (after the first step)
 
     @property
     def acc(self):
@@ -269,9 +267,6 @@ class Trainer:
         state.step_in_epoch += 1
         state.samples_seen += self.plan.global_batch
         self.logger.advance()
-        if not self._later_imports:  # evaluate and matplotlib load in a thread from now on (later_imports)
-            self._later_imports = True
-            load_after_first_step(self.metric, self.cfg.plots and self.acc.is_main_process, self.train_dl)
         self._after_optimizer_step(t_data)
         return True
 

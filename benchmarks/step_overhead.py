@@ -109,7 +109,6 @@ class _Portable:
         trainer._nonfinite = torch.zeros((), device=trainer.acc.device)
         trainer._last_log = (time.perf_counter(), trainer.state.samples_seen)
         trainer._t_prev = time.perf_counter()
-        trainer._later_imports = True  # no evaluation or plot in this measurement: nothing to load for them
         self.batches = iter(())
 
     def steps(self, n: int) -> None:

@@ -41,12 +41,6 @@ class LazyMetric:
             self._metric = cls(keep_in_memory=True)
         return self._metric
 
-    def load_module(self) -> None:
-        """Import what the metric is built from (``evaluate``), without building it: safe in any thread."""
-        import evaluate  # noqa: F401
-
-        importlib.import_module(f"{__name__}.{self.name}.{self.name}")
-
     def add_batch(self, **kwargs: Any) -> None:
         self.metric.add_batch(**kwargs)
 

@@ -1,9 +1,9 @@
 """Issue 29, start-up: a run imports nothing before its first step that the step does not use.
 
 ``evaluate`` (with ``datasets``, ``scipy.stats``, ``pandas``), ``matplotlib`` and ``datasets`` for an in-memory
-dataset cost seconds each: a run loads them in a thread once its first step is done (``later_imports``) and
-still has them when its evaluations and plots need them. Checked in a real ``scripts/train.py`` process that
-records ``sys.modules`` when ``Trainer.step`` is first called and again when the run ends."""
+dataset cost seconds each: a run imports them where its first evaluation and its plots need them, not before.
+Checked in a real ``scripts/train.py`` process that records ``sys.modules`` when ``Trainer.step`` is first
+called and again when the run ends."""
 
 from __future__ import annotations
 

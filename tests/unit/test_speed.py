@@ -94,19 +94,3 @@ def test_the_step_calls_backward_itself_only_where_accelerate_would_add_nothing(
     assert not direct_backward(acc(gradient_accumulation_steps=4), 1)
     assert not direct_backward(acc(scaler=object()), 1)
     assert not direct_backward(acc(distributed_type=DistributedType.DEEPSPEED), 1)
-
-
-def test_later_imports_load_in_a_thread_but_never_beside_forked_loader_workers():
-    from types import SimpleNamespace
-
-    from accel_train.later_imports import load_after_first_step
-
-    loaded = []
-    metric = SimpleNamespace(load_module=lambda: loaded.append("metric"))
-    thread = load_after_first_step(metric, plots=False, loader=SimpleNamespace(num_workers=0))
-    thread.join(60)
-    assert loaded == ["metric"] and not thread.daemon  # a run that ends first waits for the import, whole
-    assert load_after_first_step(metric, plots=True, loader=SimpleNamespace(num_workers=2)) is None
-    assert loaded == ["metric"]
-    broken = SimpleNamespace(load_module=lambda: 1 / 0)  # a failing import is left to its user to report
-    load_after_first_step(broken, plots=False, loader=None).join(60)
