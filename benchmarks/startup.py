@@ -18,19 +18,20 @@ from benchmarks.common import _load_json, _tail
 from benchmarks.setups import TRAIN_SCRIPT
 
 
+def _timed(*args: str, timeout: float = 600) -> tuple[subprocess.CompletedProcess, float, float]:
+    """``python ARGS`` from the repository: (the process, its wall seconds from launch, launch time as time.time())."""
+    t_launch, t0 = time.time(), time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout
+    )
+    return proc, time.perf_counter() - t0, t_launch
+
+
 def time_train_help(runs: int = 3) -> dict[str, Any]:
     times = []
     for _ in range(runs):
-        t0 = time.perf_counter()
-        proc = subprocess.run(
-            [sys.executable, str(TRAIN_SCRIPT), "--help"],
-            cwd=REPO,
-            env=child_env(),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        times.append(time.perf_counter() - t0)
+        proc, wall, _ = _timed(str(TRAIN_SCRIPT), "--help", timeout=120)
+        times.append(wall)
         if proc.returncode != 0:
             return {"error": _tail(proc.stderr), "runs_s": times}
     return {"median_s": statistics.median(times), "runs_s": times}
@@ -41,16 +42,7 @@ PLAIN_SCRIPT = REPO / "benchmarks" / "plain_default_run.py"
 
 def _one_default_run(out: Path) -> dict[str, Any]:
     """One ``python scripts/train.py --output-dir OUT``: the wall from launch and the summary's breakdown."""
-    t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, str(TRAIN_SCRIPT), "--output-dir", str(out)],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    wall = time.perf_counter() - t0
+    proc, wall, _ = _timed(str(TRAIN_SCRIPT), "--output-dir", str(out))
     if proc.returncode != 0:
         return {"error": _tail(proc.stderr)}
     summary = _load_json(out / "summary.json") or {}
@@ -69,16 +61,7 @@ def _one_default_run(out: Path) -> dict[str, Any]:
 
 def _one_plain_run(stamps: Path) -> dict[str, Any]:
     """One ``python benchmarks/plain_default_run.py``: the same work in a plain script, with its phases."""
-    t_launch = time.time()
-    proc = subprocess.run(
-        [sys.executable, str(PLAIN_SCRIPT), "--json", str(stamps)],
-        cwd=REPO,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    wall = time.time() - t_launch
+    proc, wall, t_launch = _timed(str(PLAIN_SCRIPT), "--json", str(stamps))  # stamps are time.time() values
     if proc.returncode != 0 or not stamps.is_file():
         return {"error": _tail(proc.stderr)}
     s = _load_json(stamps)
