@@ -57,22 +57,30 @@ def fingerprint(images: np.ndarray, labels: np.ndarray) -> str:
     return hashlib.sha256(images.tobytes() + labels.astype(np.int64).tobytes()).hexdigest()
 
 
-def load_digits_dataset():
-    """The raw data as a ``datasets.DatasetDict`` with ``train``/``test`` splits: the reference split."""
+def _split_by_datasets(images: np.ndarray, labels: np.ndarray):
+    """``datasets``' stratified split of these arrays, with each row's index in a ``row`` column."""
     import datasets
 
-    images, labels = _digits_arrays()
     features = datasets.Features(
-        {"image": datasets.Array2D(shape=(8, 8), dtype="uint8"), "label": datasets.ClassLabel(names=CLASS_NAMES)}
+        {
+            "image": datasets.Array2D(shape=(8, 8), dtype="uint8"),
+            "label": datasets.ClassLabel(names=CLASS_NAMES),
+            "row": datasets.Value("int64"),
+        }
     )
-    ds = datasets.Dataset.from_dict({"image": images, "label": labels}, features=features)
+    ds = datasets.Dataset.from_dict({"image": images, "label": labels, "row": range(len(labels))}, features=features)
     return ds.train_test_split(test_size=DIGITS_TEST_FRACTION, stratify_by_column="label", seed=DIGITS_SPLIT_SEED)
 
 
-def reference_split() -> dict[str, list[int]]:
+def load_digits_dataset():
+    """The raw data as a ``datasets.DatasetDict`` with ``train``/``test`` splits: the reference split."""
+    return _split_by_datasets(*_digits_arrays())
+
+
+def reference_split(images: np.ndarray, labels: np.ndarray) -> dict[str, list[int]]:
     """The split's row indices, in the order ``datasets`` returns the rows, computed by ``datasets``."""
-    dd = load_digits_dataset()
-    return {name: dd[name]._indices.column(0).to_pylist() for name in ("train", "test")}
+    dd = _split_by_datasets(images, labels)
+    return {name: [int(i) for i in dd[name]["row"]] for name in ("train", "test")}
 
 
 def digits_split(images: np.ndarray, labels: np.ndarray) -> dict[str, list[int]]:
@@ -83,7 +91,7 @@ def digits_split(images: np.ndarray, labels: np.ndarray) -> dict[str, list[int]]
         shipped = {}
     if shipped.get("fingerprint") == fingerprint(images, labels):
         return {"train": shipped["train"], "test": shipped["test"]}
-    return reference_split()
+    return reference_split(images, labels)
 
 
 def _to_tensor(images: np.ndarray, labels: np.ndarray, size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,7 +123,7 @@ def build_digits(cfg: DataConfig) -> DataSplits:
 def write_split_file() -> None:
     """Regenerate ``digits_split.json`` from ``datasets``' split (tests/unit check it matches)."""
     images, labels = _digits_arrays()
-    split = reference_split()
+    split = reference_split(images, labels)
     about = (
         "datasets' stratified train_test_split(test_size=0.2, seed=0) of scikit-learn's digits; regenerate with: "
         "python3 -c 'from accel_train.data.digits import write_split_file; write_split_file()'"

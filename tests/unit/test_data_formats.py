@@ -593,7 +593,8 @@ def test_the_shipped_digits_split_is_datasets_own_split():
     images, labels = digits._digits_arrays()
     shipped = json.loads(digits.SPLIT_FILE.read_text())
     assert shipped["fingerprint"] == digits.fingerprint(images, labels), "regenerate: " + shipped["about"]
-    assert {k: shipped[k] for k in ("train", "test")} == digits.reference_split(), "regenerate: " + shipped["about"]
+    reference = digits.reference_split(images, labels)
+    assert {k: shipped[k] for k in ("train", "test")} == reference, "regenerate: " + shipped["about"]
 
 
 def test_digits_data_other_than_the_fingerprint_are_split_by_datasets(monkeypatch, tmp_path):
@@ -605,6 +606,6 @@ def test_digits_data_other_than_the_fingerprint_are_split_by_datasets(monkeypatc
     stale["fingerprint"] = "0" * 64
     monkeypatch.setattr(digits, "SPLIT_FILE", tmp_path / "digits_split.json")
     digits.SPLIT_FILE.write_text(json.dumps(stale))
-    assert digits.digits_split(images, labels) == digits.reference_split()
+    assert digits.digits_split(images, labels) == digits.reference_split(images, labels)
     digits.SPLIT_FILE.unlink()  # no file at all: the same
-    assert digits.digits_split(images, labels) == digits.reference_split()
+    assert digits.digits_split(images, labels) == digits.reference_split(images, labels)
