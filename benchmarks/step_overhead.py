@@ -1,9 +1,11 @@
 """What the portable step costs beyond the model's own work (issue 29): ``Trainer.step`` against a plain step.
 
 Both sides run in ONE child process, on the same model (the portable's, copied), the same uint8 batches of
-synthetic MNIST-shaped data, SGD (lr 0.01), batch 64 and the same threads, with clipping on both sides
-(``--max-grad-norm 1.0``, the default; the plain step calls ``torch.nn.utils.clip_grad_norm_``) or off on both
-(``--max-grad-norm 0``). The portable side is the loop as a run drives it: its DataLoader, ``Trainer.step``
+synthetic MNIST-shaped data, the same SGD (lr 0.01 and the run's momentum, 0.9), batch 64 and the same threads,
+with clipping on both sides (``--max-grad-norm 1.0``, the default; the plain step calls
+``torch.nn.utils.clip_grad_norm_``) or off on both (``--max-grad-norm 0``). (Until 2026-11-25 the plain side's SGD
+had no momentum: the portable's momentum buffer counted as loop overhead.)
+The portable side is the loop as a run drives it: its DataLoader, ``Trainer.step``
 with its defaults (keyed bookkeeping, the log window, a train record every ``--log-every`` steps to
 metrics.jsonl and TensorBoard, the stop checks). The plain side is the ten lines a user writes: a shuffled
 index into the tensors, normalise, forward, cross-entropy, backward, clip, step, zero_grad, and a ``.item()``
@@ -71,7 +73,10 @@ class _Plain:
 
         self.torch = torch
         self.model = copy.deepcopy(trainer.acc.unwrap_model(trainer.model)).train()
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=LR)
+        cfg = trainer.cfg  # the portable's SGD as configured (momentum 0.9 by default): like with like
+        self.opt = torch.optim.SGD(
+            self.model.parameters(), lr=LR, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay
+        )
         data = trainer.train_dl.dataset.dataset  # WithIndices -> the TensorImageDataset
         self.images, self.labels = data.images, data.labels
         self.order = torch.randperm(len(self.labels))

@@ -12,3 +12,19 @@ def test_one_cell_measures_both_sides_in_a_child_process():
     assert row["portable_ms"] > 0 and row["plain_ms"] > 0
     assert abs(row["ratio"] - row["plain_ms"] / row["portable_ms"]) < 1e-9
     assert abs(row["overhead_us"] - (row["portable_ms"] - row["plain_ms"]) * 1e3) < 1e-6
+
+
+def test_the_plain_step_uses_the_portables_optimizer_settings(tmp_path):
+    """Like with like: the plain side's SGD has the run's momentum, dampening, nesterov and weight decay (a plain
+    SGD without momentum once made the portable's momentum buffer read as loop overhead)."""
+    from benchmarks.step_overhead import _build, _Plain
+
+    cfg, trainer = _build("lenet", 1.0, tmp_path / "run", 1)
+    try:
+        plain = _Plain(trainer, 1.0, cfg.log_every)
+        keys = ("lr", "momentum", "dampening", "nesterov", "weight_decay")
+        ours = trainer.optimizer.optimizer.param_groups
+        assert ours[0]["momentum"] == 0.9  # the default the comparison must carry over
+        assert [{k: g[k] for k in keys} for g in plain.opt.param_groups] == [{k: g[k] for k in keys} for g in ours]
+    finally:
+        trainer.rt.end()
