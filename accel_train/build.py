@@ -31,7 +31,6 @@ from accel_train.features.device_batch import AUTO, fit_device_batch
 from accel_train.features.finetune import freeze, frozen_names, head_lr_scales
 from accel_train.fsio import writing
 from accel_train.meters import StepTimer, Window
-from accel_train.metrics import load_metric
 from accel_train.models import check_model_name, create_model
 from accel_train.models.pretrained import PretrainedInfo, is_file_spec, load_pretrained
 from accel_train.models.pretrained import describe as describe_pretrained
@@ -66,7 +65,6 @@ def build_trainer(
         branch_if_older(cfg, rt, run_dir, resume_path, move=False)  # refuse early, move only once all loaded
     with acc.main_process_first():  # downloads and caches happen once
         splits = given.get("splits") or build_dataset(cfg.data_config())  # given: accel_train.train's data
-        metric = load_metric("accuracy")
     device_batch = None if cfg.max_device_batch == AUTO else cfg.max_device_batch  # auto: probed in _prepare
     plan = plan_batches(acc.num_processes, cfg.batch_size, cfg.grad_accum_steps, cfg.global_batch_size, device_batch)
     lr = cfg.lr * plan.global_batch / cfg.batch_size if cfg.scale_lr else cfg.lr
@@ -116,7 +114,6 @@ def build_trainer(
         logger=logger,
         normalizer=BatchNormalizer(info.mean, info.std, chosen["channels_last"]),
         meta=meta,
-        metric=metric,
         run_dir=run_dir,
         state=state,
         resume_path=resume_path,

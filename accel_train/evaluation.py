@@ -1,6 +1,12 @@
 """Exact evaluation on any accelerate setup, as the training loop runs it: ``evaluate_model``.
 
 (``accel-evaluate`` runs it on saved weights: ``saved_eval.py``.)
+
+Accuracy is counted on the gathered tensors, as accelerate's own ``cv_example.py`` counts it: exact integers,
+no library to import. The training loop's evaluations use that count alone; importing ``evaluate`` (with
+``datasets``, ``pandas`` and ``scipy.stats``) would cost a run seconds for a division. ``accel-evaluate`` also
+passes its ``evaluate`` metric (:func:`accel_train.metrics.load_metric`), which scores the same predictions, and
+a disagreement between the two is an error, never a number.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ def evaluate_model(
 ) -> dict[str, Any]:
     """Exact evaluation: ``gather_for_metrics`` drops the samples padded for even sharding.
 
+    ``metric``: None, or an ``evaluate``-style metric (``add_batch``/``compute`` returning ``accuracy``) that
+    scores the same predictions; its accuracy must equal the exact count.
+
     ``tta="flip"``: the logits are the mean of each image's and its left-right mirror's (airbench's TTA).
     """
     was_training = model.training
@@ -48,11 +57,16 @@ def evaluate_model(
             refs_all.append(labels.cpu())
     model.train(was_training)
     preds, refs = torch.cat(preds_all), torch.cat(refs_all)
-    metric.add_batch(predictions=preds.tolist(), references=refs.tolist())
     n = len(refs)
+    accuracy = int((preds == refs).sum()) / n if n else 0.0
+    if metric is not None:
+        metric.add_batch(predictions=preds.tolist(), references=refs.tolist())
+        scored = metric.compute()["accuracy"]
+        if scored != accuracy:
+            raise RuntimeError(f"the metric scored accuracy {scored} but {accuracy} of {n} predictions are right")
     out: dict[str, Any] = {
         "eval_loss": loss_sum.item() / max(n, 1),
-        "eval_accuracy": metric.compute()["accuracy"],
+        "eval_accuracy": accuracy,
         "eval_samples": n,
     }
     if with_confusion:

@@ -95,7 +95,6 @@ class Trainer:
     steps_per_epoch: int
     logger: RunLogger
     meta: dict[str, Any]
-    metric: Any
     run_dir: RunDir
     state: TrainState
     resume_path: Path | None = None
@@ -374,7 +373,7 @@ class Trainer:
     # ---- evaluation, checkpoints, exports ------------------------------------------------------------------
     def evaluate(self, with_confusion: bool = False) -> dict[str, Any]:
         """The model's eval metrics; with ``--ema`` also the average's, as ``eval_ema_accuracy``, ``eval_ema_loss``."""
-        args = (self.eval_dl, self.normalizer, self.metric, self.info.num_classes)
+        args = (self.eval_dl, self.normalizer, None, self.info.num_classes)  # accuracy: an exact count
         tta = self.cfg.tta
         result = evaluate_model(self.acc, self.model, *args, with_confusion, tta=tta)
         if self.features.ema is not None:

@@ -62,3 +62,35 @@ def test_eval_loss_is_the_mean_over_samples_with_uneven_batches():
     assert abs(expected - batch_means) > 1e-3  # the two readings really differ on these batches
     assert result["eval_loss"] == pytest.approx(expected, rel=1e-6)
     assert result["eval_samples"] == 10
+
+
+def test_eval_accuracy_is_the_exact_count_and_the_evaluate_metric_agrees():
+    """The loop counts accuracy itself (no ``evaluate`` import in a run); ``accel-evaluate``'s ``evaluate`` metric
+    scores the same predictions to the same float, and a metric that disagrees is an error, never a number."""
+    from accelerate import Accelerator
+
+    from accel_train.evaluation import evaluate_model
+    from accel_train.metrics import load_metric
+
+    g = torch.Generator().manual_seed(1)
+    images, labels = torch.randn(37, 6, generator=g), torch.randint(0, 3, (37,), generator=g)
+    model = torch.nn.Linear(6, 3)
+    loader = [(images[i : i + 8], labels[i : i + 8]) for i in range(0, 37, 8)]
+    acc = Accelerator(cpu=True)
+    counted = evaluate_model(acc, model, loader, lambda x: x, None, 3)
+    with torch.no_grad():
+        right = int((model(images).argmax(1) == labels).sum())
+    assert 0 < right < 37  # neither all right nor all wrong: a constant could not pass
+    assert counted["eval_accuracy"] == right / 37
+    scored = evaluate_model(acc, model, loader, lambda x: x, load_metric("accuracy"), 3)
+    assert scored["eval_accuracy"] == counted["eval_accuracy"]
+
+    class OffByOne:
+        def add_batch(self, predictions, references):
+            self.n = len(references)
+
+        def compute(self):
+            return {"accuracy": (right + 1) / self.n}
+
+    with pytest.raises(RuntimeError, match="scored accuracy"):
+        evaluate_model(acc, model, loader, lambda x: x, OffByOne(), 3)
