@@ -5,8 +5,10 @@ A run directory holds ``metrics.jsonl`` (one JSON object per line, ``event`` is
 ``config.yaml``. Everything here reads those files only, so it works on a run
 that is still going (a half-written last line is skipped) and on finished runs.
 
-matplotlib is imported inside the functions (with the Agg backend) so that
-``import accel_train.plots`` stays cheap.
+matplotlib is imported inside the functions so that ``import accel_train.plots`` stays cheap, and
+only its object-oriented part (``matplotlib.figure.Figure``, drawn by the Agg canvas): ``pyplot``,
+its backend machinery and its global figure list cost a run about half a second and hold nothing a
+file needs.
 """
 
 from __future__ import annotations
@@ -64,19 +66,18 @@ def _series(records: Iterable[dict], key: str) -> tuple[list[float], list[float]
 # --------------------------------------------------------------------------- figures
 
 
-def load_pyplot():
-    """``matplotlib.pyplot`` on the Agg backend (no display needed), imported at the first plot."""
-    import matplotlib
+def new_figure(**kwargs):
+    """A ``matplotlib.figure.Figure`` on the Agg canvas (no display, no pyplot), imported at the first plot."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    fig = Figure(**kwargs)
+    FigureCanvasAgg(fig)
+    return fig
 
 
 def _save(fig, out: Path) -> Path:
-    """Save ``fig`` to ``out`` atomically (a viewer never sees half a PNG) and close it."""
-    plt = load_pyplot()
+    """Save ``fig`` to ``out`` atomically (a viewer never sees half a PNG)."""
     out = Path(os.path.realpath(Path(out).expanduser()))  # where a link leads: the link itself stays
     fmt = out.suffix.lstrip(".").lower() or "png"
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
@@ -86,7 +87,6 @@ def _save(fig, out: Path) -> Path:
             fig.savefig(tmp, format=fmt, dpi=110, bbox_inches="tight")
             os.replace(tmp, out)
     finally:
-        plt.close(fig)
         tmp.unlink(missing_ok=True)
     return out
 
@@ -118,20 +118,21 @@ def plot_curves(run_dir: str | os.PathLike, out: str | os.PathLike | None = None
     evals = metrics.get("eval", [])
     title = _title(run_dir)
 
-    plt = load_pyplot()
     train_loss = _series(train, "loss")
     eval_loss = _series(evals, "eval_loss")
     eval_acc = _series(evals, "eval_accuracy")
     train_acc = _series(train, "accuracy")
 
     if not (train_loss[0] or eval_loss[0] or eval_acc[0] or train_acc[0]):
-        fig, ax = plt.subplots(figsize=(7, 3.5))
+        fig = new_figure(figsize=(7, 3.5))
+        ax = fig.subplots()
         ax.set_axis_off()
         _note(ax, "no metrics yet")
         fig.suptitle(title, fontsize=12)
         return _save(fig, out)
 
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig = new_figure(figsize=(12, 4.5))
+    ax_loss, ax_acc = fig.subplots(1, 2)
 
     if train_loss[0]:
         ax_loss.plot(*train_loss, color="tab:blue", linewidth=1.2, label="train loss")
@@ -232,10 +233,12 @@ def plot_runs(
     labels = [f"{lbl} [global batch {b}]" if b else lbl for lbl, b in zip(labels, batches, strict=True)]
     runs = [read_metrics(d) for d in run_dirs]
 
-    plt = load_pyplot()
+    from matplotlib import rcParams
+
     n = len(metrics_list)
-    fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 4.5), squeeze=False)
-    colors = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
+    fig = new_figure(figsize=(5.2 * n, 4.5))
+    axes = fig.subplots(1, n, squeeze=False)
+    colors = rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
     for ax, name in zip(axes[0], metrics_list, strict=True):
         drawn: list[float] = []
         for i, (label, metrics) in enumerate(zip(labels, runs, strict=True)):
@@ -293,9 +296,9 @@ def plot_confusion_matrix(
     row_sums = counts.sum(axis=1, keepdims=True).astype(float)
     norm = np.divide(counts, row_sums, out=np.zeros(counts.shape, dtype=float), where=row_sums > 0)
 
-    plt = load_pyplot()
     side = min(max(4.5, 0.55 * n + 2.5), 24)
-    fig, ax = plt.subplots(figsize=(side + 1.2, side))
+    fig = new_figure(figsize=(side + 1.2, side))
+    ax = fig.subplots()
     image = ax.imshow(norm, cmap="Blues", vmin=0.0, vmax=1.0, interpolation="nearest")
     colorbar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     colorbar.set_label("fraction of true class (row)")

@@ -153,17 +153,14 @@ def write_sheet(path: str, images: list, results: list[dict]) -> None:
     import os
     from pathlib import Path
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from accel_train.fsio import atomic_write, writing
+    from accel_train.plots import new_figure
 
     n = min(len(images), MAX_SHEET)
     cols = min(n, 8)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(1.6 * cols, 1.9 * rows), squeeze=False)
+    fig = new_figure(figsize=(1.6 * cols, 1.9 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
     for ax, image, result in zip(axes.flat, images, results[:n], strict=False):
@@ -180,12 +177,9 @@ def write_sheet(path: str, images: list, results: list[dict]) -> None:
         fig.suptitle(f"the first {n} of {len(images)} images", fontsize=9)
     fig.tight_layout()
     real = Path(os.path.realpath(Path(path).expanduser()))  # where a link leads: the link itself stays
-    try:
-        with writing(real, "the contact sheet"):
-            real.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(real, lambda tmp: fig.savefig(tmp, format="png", dpi=100), "the contact sheet")
-    finally:
-        plt.close(fig)
+    with writing(real, "the contact sheet"):
+        real.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(real, lambda tmp: fig.savefig(tmp, format="png", dpi=100), "the contact sheet")
 
 
 def explain(results: list[dict], config: dict, record: dict) -> list[str]:

@@ -274,7 +274,6 @@ def figures(monkeypatch):
 
     monkeypatch.setattr(plots, "_save", keep)
     yield saved
-    plots.load_pyplot().close("all")
 
 
 def _axis(fig) -> tuple[str, list[str], list[list[float]]]:

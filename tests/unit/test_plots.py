@@ -99,7 +99,6 @@ def figures(monkeypatch):
 
     monkeypatch.setattr(plots, "_save", keep)
     yield saved
-    plots.load_pyplot().close("all")
 
 
 def _axis(fig) -> tuple[str, list[str], list[list[float]]]:
