@@ -103,34 +103,43 @@ def _bbox(ink: torch.Tensor) -> tuple[int, int, int, int] | None:
     return int(rows[0]), int(rows[-1]), int(cols[0]), int(cols[-1])
 
 
-def _ink(gray: torch.Tensor, background: float) -> torch.Tensor:
-    """Where a [H, W] image differs from its background by more than INK of its largest difference."""
-    diff = (gray - background).abs()
-    return diff > INK * diff.max().clamp_min(1e-6)
-
-
 def _centre_of_mass(weights: torch.Tensor) -> tuple[float, float]:
     mass = weights.sum().clamp_min(1e-6)
     rows, cols = torch.arange(weights.shape[0]), torch.arange(weights.shape[1])
     return float((weights.sum(1) * rows).sum() / mass), float((weights.sum(0) * cols).sum() / mass)
 
 
+def _framings(gray: torch.Tensor, background: float, by_mass: bool) -> list[tuple[float, float] | None]:
+    """:func:`_framing` of each square [N, S, S] digit, in one pass over the batch (no loop per image)."""
+    diff = (gray - background).abs()
+    ink = diff > INK * diff.flatten(1).max(1).values.clamp_min(1e-6)[:, None, None]
+    rows_any, cols_any = ink.any(2), ink.any(1)
+    side, middle = gray.shape[-1], (gray.shape[-1] - 1) / 2
+    rows, cols = torch.arange(gray.shape[-2]), torch.arange(gray.shape[-1])
+    top = torch.where(rows_any, rows, gray.shape[-2]).amin(1)
+    bottom = torch.where(rows_any, rows, -1).amax(1)
+    left = torch.where(cols_any, cols, side).amin(1)
+    right = torch.where(cols_any, cols, -1).amax(1)
+    sides = ((torch.maximum(bottom - top, right - left) + 1).double() / side).tolist()
+    if by_mass:
+        mass = diff.sum((1, 2)).clamp_min(1e-6)
+        cy, cx = (diff.sum(2) * rows).sum(1) / mass, (diff.sum(1) * cols).sum(1) / mass
+        cy, cx = cy.double(), cx.double()
+    else:
+        cy, cx = (top + bottom).double() / 2, (left + right).double() / 2
+    offsets = (torch.maximum((cy - middle).abs(), (cx - middle).abs()) / side).tolist()
+    return [(s, o) if found else None for s, o, found in zip(sides, offsets, rows_any.any(1).tolist(), strict=True)]
+
+
 def _framing(image: torch.Tensor, background: float, by_mass: bool) -> tuple[float, float] | None:
     """(ink box side, centre offset) of a square [S, S] digit as fractions of S; None without ink."""
-    box = _bbox(_ink(image, background))
-    if box is None:
-        return None
-    top, bottom, left, right = box
-    side, middle = image.shape[-1], (image.shape[-1] - 1) / 2
-    cy, cx = _centre_of_mass((image - background).abs()) if by_mass else ((top + bottom) / 2, (left + right) / 2)
-    return (max(bottom - top, right - left) + 1) / side, max(abs(cy - middle), abs(cx - middle)) / side
+    return _framings(image[None], background, by_mass)[0]
 
 
 def _digit_framing(gray: torch.Tensor, background: float) -> dict[str, Any]:
     """How the training digits sit in their field: centred by box or by centre of mass (whichever fits them
     better), the median box side and the range of sides and the largest centre offset seen (fractions)."""
-    mass = [_framing(image, background, True) for image in gray]
-    boxed = [_framing(image, background, False) for image in gray]
+    mass, boxed = _framings(gray, background, True), _framings(gray, background, False)
     by_mass = sum(f[1] for f in mass if f) <= sum(f[1] for f in boxed if f)
     found = [f for f in (mass if by_mass else boxed) if f]
     if not found:

@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 
 from accel_train.errors import CheckpointError
-from accel_train.preprocess import KNOWN, check_preprocess, describe_training_images, prepare_image
+from accel_train.preprocess import INK, KNOWN, check_preprocess, describe_training_images, prepare_image
 
 N_DIGITS = 200  # of the digits test split (the model never saw them)
 
@@ -124,3 +124,42 @@ def test_exports_without_a_record_and_bad_records(tmp_path):
         check_preprocess({"preprocess": {"fit": "zoom"}}, "c")
     with pytest.raises(CheckpointError, match=r"preprocess\.background must be a number between 0 and 1"):
         check_preprocess({"preprocess": {"fit": "pad", "background": 3}}, "c")
+
+
+def _framing_by_hand(image: list[list[float]], background: float, by_mass: bool):
+    """One digit's (box side, centre offset), pixel by pixel in Python: the oracle for the batched version."""
+    diff = [[abs(v - background) for v in row] for row in image]
+    peak = max(max(max(row) for row in diff), 1e-6)
+    ink = [(r, c) for r, row in enumerate(diff) for c, v in enumerate(row) if v > INK * peak]
+    if not ink:
+        return None
+    top, bottom = min(r for r, _ in ink), max(r for r, _ in ink)
+    left, right = min(c for _, c in ink), max(c for _, c in ink)
+    side, middle = len(image), (len(image) - 1) / 2
+    if by_mass:
+        mass = max(sum(map(sum, diff)), 1e-6)
+        cy = sum(r * v for r, row in enumerate(diff) for v in row) / mass
+        cx = sum(c * v for row in diff for c, v in enumerate(row)) / mass
+    else:
+        cy, cx = (top + bottom) / 2, (left + right) / 2
+    return (max(bottom - top, right - left) + 1) / side, max(abs(cy - middle), abs(cx - middle)) / side
+
+
+@pytest.mark.parametrize("by_mass", [True, False])
+def test_the_batched_framing_of_each_digit_is_the_one_measured_alone(by_mass):
+    """``describe_training_images`` frames its sample in one batched pass; each image's figures are the ones a
+    pixel-by-pixel loop gets, with blank images (None) and ink on the very edges among them."""
+    from accel_train.preprocess import _framings
+
+    g = torch.Generator().manual_seed(0)
+    images = torch.rand(40, 10, 10, generator=g) * (torch.rand(40, 10, 10, generator=g) > 0.85)
+    images[3], images[4] = 0.0, 0.3  # blank, and one flat grey field (no pixel stands out)
+    images[5, 0, 0] = images[5, 9, 9] = 1.0  # ink in two opposite corners
+    for background in (0.0, 0.3):
+        batched = _framings(images, background, by_mass)
+        alone = [_framing_by_hand(image.tolist(), background, by_mass) for image in images]
+        assert [f is None for f in batched] == [f is None for f in alone]
+        assert sum(f is None for f in alone) >= 1 and sum(f is not None for f in alone) >= 30
+        for got, want in zip(batched, alone, strict=True):
+            if want is not None:
+                assert got == pytest.approx(want, abs=1e-6)
