@@ -10,7 +10,9 @@ with its defaults (keyed bookkeeping, the log window, a train record every ``--l
 metrics.jsonl and TensorBoard, the stop checks). The plain side is the ten lines a user writes: a shuffled
 index into the tensors, normalise, forward, cross-entropy, backward, clip, step, zero_grad, and a ``.item()``
 every ``--log-every`` steps. Blocks of each alternate (A B A B ...), so other work on the machine hits both
-alike; the fastest block of each side is compared (the least disturbed), with the medians beside it.
+alike. The goal is judged on ``ratio_paired``, the median over rounds of each round's plain/portable (a round's two
+blocks run back to back, so a drift in the machine's speed cancels); the fastest block of each side (``ratio``)
+and the medians of each side are beside it.
 
 ``overhead_us`` = portable minus plain milliseconds per step. The ``tiny`` row (one Linear layer) is nearly
 all overhead: there the model costs microseconds, so what is left is the loop's own.
@@ -146,6 +148,7 @@ def measure(model: str, clip: float, rounds: int, block: int, threads: int | Non
         trainer.rt.end()
     best = {k: min(v) for k, v in times.items()}
     med = {k: statistics.median(v) for k, v in times.items()}
+    paired = statistics.median(p / q for p, q in zip(times["plain"], times["portable"], strict=True))
     return {
         "model": model,
         "clip": clip,
@@ -154,7 +157,8 @@ def measure(model: str, clip: float, rounds: int, block: int, threads: int | Non
         "block_steps": block,
         "portable_ms": best["portable"],
         "plain_ms": best["plain"],
-        "ratio": best["plain"] / best["portable"],  # portable steps/s over plain steps/s
+        "ratio_paired": paired,  # median of the rounds' plain/portable: what the goal judges
+        "ratio": best["plain"] / best["portable"],  # portable steps/s over plain steps/s, fastest blocks
         "overhead_us": (best["portable"] - best["plain"]) * 1e3,
         "portable_median_ms": med["portable"],
         "plain_median_ms": med["plain"],
@@ -193,18 +197,19 @@ def run_step_overhead(
 
 def render(rows: list[dict[str, Any]]) -> list[str]:
     out = [
-        "| model | clipping (both sides) | threads | portable ms/step | plain ms/step | portable/plain | "
-        "overhead µs/step | medians: portable/plain |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | clipping (both sides) | threads | portable ms/step | plain ms/step | portable/plain, paired "
+        "rounds | overhead µs/step | fastest blocks: portable/plain | medians: portable/plain |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         clip = f"--max-grad-norm {r['clip']:g}" if r["clip"] else "off (--max-grad-norm 0)"
         if "error" in r:
-            out.append(f"| {r['model']} | {clip} | - | error: {r['error'].splitlines()[-1][:80]} | | | | |")
+            out.append(f"| {r['model']} | {clip} | - | error: {r['error'].splitlines()[-1][:80]} | | | | | |")
             continue
         out.append(
             f"| {r['model']} | {clip} | {r['threads']} | {r['portable_ms']:.3f} | {r['plain_ms']:.3f} | "
-            f"{r['ratio']:.3f} | {r['overhead_us']:.0f} | {r['ratio_median']:.3f} |"
+            f"{r.get('ratio_paired', r['ratio']):.3f} | {r['overhead_us']:.0f} | {r['ratio']:.3f} | "
+            f"{r['ratio_median']:.3f} |"
         )
     return out
 
@@ -222,9 +227,9 @@ def step_overhead_goals(rows: list[dict[str, Any]], cpu_kind: str) -> list[dict[
             _goal(
                 f"portable step >= {GOAL_STEP_RATIO}x plain step ({r['model']}, batch {BATCH}, SGD, {clip}; "
                 f"CPU kind: {cpu_kind})",
-                r.get("ratio"),
+                r.get("ratio_paired", r.get("ratio")),
                 GOAL_STEP_RATIO,
-                best_window=r.get("ratio_median"),
+                best_window=r.get("ratio"),
             )
         )
     return goals
@@ -236,8 +241,9 @@ def markdown(rows: list[dict[str, Any]] | None) -> list[str]:
         return []
     intro = (
         "One child process per row: `Trainer.step` over the run's loader against a hand-written step on the same "
-        f"model, data, batch {BATCH}, SGD and threads, in alternating blocks; the fastest block of each side (the "
-        "medians' ratio beside it). *tiny*: one Linear layer, so the step is nearly all loop overhead. "
+        f"model, data, batch {BATCH}, SGD and threads, in alternating blocks; the ratio is the median of the "
+        "rounds' paired ratios (the fastest blocks' and the medians' ratios beside it). "
+        "*tiny*: one Linear layer, so the step is nearly all loop overhead. "
         "`python -m benchmarks.step_overhead` measures it alone."
     )
     return ["", "## Per-step overhead: portable step vs plain step", "", intro, "", *render(rows)]

@@ -11,6 +11,7 @@ def test_one_cell_measures_both_sides_in_a_child_process():
     assert row["threads"] == 1 and row["rounds"] == 2 and row["block_steps"] == 3
     assert row["portable_ms"] > 0 and row["plain_ms"] > 0
     assert abs(row["ratio"] - row["plain_ms"] / row["portable_ms"]) < 1e-9
+    assert row["ratio_paired"] > 0
     assert abs(row["overhead_us"] - (row["portable_ms"] - row["plain_ms"]) * 1e3) < 1e-6
 
 

@@ -14,6 +14,7 @@ def _row(model: str, clip: float, ratio: float) -> dict:
         "portable_ms": plain / ratio,
         "plain_ms": plain,
         "ratio": ratio,
+        "ratio_paired": ratio,
         "overhead_us": (plain / ratio - plain) * 1e3,
         "ratio_median": ratio,
     }
@@ -21,7 +22,8 @@ def _row(model: str, clip: float, ratio: float) -> dict:
 
 def test_the_goals_cover_lenet_and_mnist_cnn_with_clipping_on_and_off_and_judge_the_ratio():
     rows = [_row(m, c, 0.99) for m in ("lenet", "mnist_cnn", "tiny") for c in (1.0, 0.0)]
-    rows[1]["ratio"] = GOAL_STEP_RATIO - 0.01  # lenet without clipping misses it
+    rows[1]["ratio_paired"] = GOAL_STEP_RATIO - 0.01  # lenet without clipping misses it (on the paired rounds)
+    rows[2]["ratio"] = GOAL_STEP_RATIO - 0.01  # mnist_cnn's fastest blocks do not decide it
     goals = step_overhead_goals(rows, "amx")
     assert len(goals) == 4  # tiny is shown, not judged: its step is all overhead by design
     assert [g["met"] for g in goals] == [True, False, True, True]
@@ -38,5 +40,7 @@ def test_a_failed_cell_is_reported_and_decides_nothing():
 
 
 def test_the_table_gives_the_ratio_and_the_overhead_in_microseconds():
-    text = "\n".join(markdown([_row("lenet", 1.0, 0.5)]))
-    assert "| lenet | --max-grad-norm 1 | 2 | 20.000 | 10.000 | 0.500 | 10000 | 0.500 |" in text
+    row = _row("lenet", 1.0, 0.5)
+    row["ratio"], row["ratio_median"] = 0.6, 0.7
+    text = "\n".join(markdown([row]))
+    assert "| lenet | --max-grad-norm 1 | 2 | 20.000 | 10.000 | 0.500 | 10000 | 0.600 | 0.700 |" in text
