@@ -124,6 +124,11 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("eval-loss-averages-batch-means", "distributed evaluation", "evaluation.py",
        "loss_sum += losses.double().sum()", "loss_sum += losses.double().mean()",
        "tests/unit/test_promises.py::test_eval_loss_is_the_mean_over_samples_with_uneven_batches"),
+    # the loop counts accuracy itself now (no evaluate metric): divided by the batches instead of the samples
+    _m("eval-accuracy-over-batches", "distributed evaluation", "evaluation.py",
+       "accuracy = int((preds == refs).sum()) / n if n else 0.0",
+       "accuracy = int((preds == refs).sum()) / len(preds_all) if n else 0.0",
+       "tests/unit/test_promises.py::test_eval_accuracy_is_the_exact_count_and_the_evaluate_metric_agrees"),
     # ---- main-process writes ---------------------------------------------------------------------------------------
     _m("export-on-every-rank", "main-process writes", "trainer.py",
        '        if self.rt.is_main:\n            export_weights(state_dict, out_dir, self.meta["model_config"])\n',
