@@ -1,12 +1,12 @@
 """Metrics through the `evaluate` library, from modules shipped in this package (``accel-evaluate`` scores
 through them; the training loop counts its accuracy on the tensors: see :mod:`accel_train.evaluation`).
 
-A metric is built the first time it is used, not when it is loaded: importing ``evaluate`` costs
-about 2.5 s (it imports ``datasets``, and ``scipy.stats`` for its evaluators). It is built from this package's module, not with
-``evaluate.load``, which copies the script into ``HF_MODULES_CACHE`` under a file lock on every
-rank; and it keeps its predictions in memory (``keep_in_memory=True``), so evaluating writes no
-Arrow cache file and takes no lock either. Every rank computes it from the same gathered
-predictions, so all ranks agree without a collective.
+A metric is built the first time it is used, not when it is loaded: importing ``evaluate`` costs about 2.5 s
+(it imports ``datasets``, and ``scipy.stats`` for its evaluators). It is built from this package's module, not
+with ``evaluate.load``, which copies the script into ``HF_MODULES_CACHE`` under a file lock on every rank; and
+it keeps its predictions in memory (``keep_in_memory=True``), so evaluating writes no Arrow cache file and
+takes no lock either. Every rank computes it from the same gathered predictions, so all ranks agree without a
+collective.
 """
 
 from __future__ import annotations
