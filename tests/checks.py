@@ -2,7 +2,8 @@
 
 ``snapshot`` (a tree's files, modes and contents), ``assert_one_line_error`` / ``run_bad`` (a command that fails
 with exactly one ``error:`` line and exit code 2, touching nothing), ``raises_user_error`` (the same in process);
-``run_folder_snapshot`` and ``one_error`` for run folders (their lock file left out).
+``run_folder_snapshot`` and ``one_error`` for run folders (their lock file left out); ``run_cli`` (a command's
+``main`` through ``run_main`` in this process: exit code, stdout, stderr).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import run_here, run_script
 
+from accel_train.cli import run_main
 from accel_train.errors import UserError
 from accel_train.run_lock import LOCK
 
@@ -89,3 +91,12 @@ def one_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
     for needle in needles:
         assert needle in errors[0], errors[0]
     return errors[0]
+
+
+def run_cli(capsys, main, argv: list[str]) -> tuple[int, str, str]:
+    """``run_main(main, argv)`` in this process, as the scripts run it: (exit code, stdout, stderr)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        run_main(main, argv)
+    out, err = capsys.readouterr()
+    return info.value.code, out, err

@@ -23,6 +23,9 @@ import pytest
 
 from accel_train.doctor.launching import child_env, script_cmd
 
+# Fixtures of tests/helpers_*.py that test files in both tests/unit/ and tests/integration/ use.
+pytest_plugins = ("helpers_plots",)
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "accelerate_configs"
 # Small and fast, but the real loop: used by most end-to-end tests.

@@ -182,3 +182,18 @@ def undecodable_png(path: str | Path) -> Path:
     crc = struct.pack(">I", zlib.crc32(b"IDAT" + body))
     path.write_bytes(data[: start + 8] + body + crc + data[start + 12 + length :])
     return path
+
+
+def image_folder_with(parent: Path, *bad: str) -> Path:
+    """``parent/images``: classes a and b, 4 PNGs each (16x16), plus the ``bad`` files named: "corrupt" (a
+    truncated PNG that fails verify()), "empty" (an empty .png), "text" (a .jpg that holds text)."""
+    root = write_image_folder(parent / "images", classes=("a", "b"), per_class=4, size=16)
+    good = (root / "a" / "a_000.png").read_bytes()
+    for name in bad:
+        if name == "corrupt":
+            (root / "a" / "corrupt.png").write_bytes(good[: len(good) // 2])  # truncated: fails verify()
+        elif name == "empty":
+            (root / "b" / "empty.png").write_bytes(b"")
+        elif name == "text":
+            (root / "b" / "readme.jpg").write_text("this is not an image\n")
+    return root

@@ -15,22 +15,19 @@ Whole runs and launches; the in-process tests are in ../unit/test_bad_inputs.py.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import pickle
 import shutil
-import signal
 import struct
 import zlib
 from pathlib import Path
 
 import pytest
-from checks import raises_user_error, run_bad, snapshot
+from checks import raises_user_error, run_bad, run_cli, snapshot
 from conftest import FAST, check, run_here, run_script, summary
 from datafiles import write_hf_disk, write_image_folder, write_mnist_idx
+from helpers_bad_inputs import Payload, deadline, fifo, not_a_checkpoint_needles
 
-from accel_train.cli import run_main
 from accel_train.config import parse_config
 from accel_train.errors import CheckpointError
 
@@ -128,10 +125,6 @@ def _half(path: Path) -> None:
     path.write_bytes(data[: len(data) // 2])
 
 
-def _not_a_checkpoint_needles(target: Path) -> list[str]:
-    return [f"--resume {str(target)!r}", "not a checkpoint folder (no progress.json)", "'auto'"]
-
-
 @pytest.mark.parametrize("kind", ["truncated-file", "empty-dir"])
 def test_resume_from_something_that_is_not_a_checkpoint(tmp_path, trained_run, kind):
     if kind == "truncated-file":
@@ -142,7 +135,7 @@ def test_resume_from_something_that_is_not_a_checkpoint(tmp_path, trained_run, k
         target = tmp_path / "ckpt"
         target.mkdir()
     args = [*FAST, "--resume", str(target), "--output-dir", str(tmp_path / "run")]
-    run_bad("train.py", args, [tmp_path], _not_a_checkpoint_needles(target))
+    run_bad("train.py", args, [tmp_path], not_a_checkpoint_needles(target))
 
 
 @pytest.mark.parametrize(
@@ -177,16 +170,6 @@ def test_resume_from_a_checkpoint_with_truncated_progress_in_process(tmp_path, t
     assert snapshot(tmp_path) == before
 
 
-class _Payload:
-    """Unpickling this creates ``marker``: proof that a loader executed code from the file."""
-
-    def __init__(self, marker: Path):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
-
-
 def _weights_case(name: str, tmp: Path) -> tuple[Path, list[str]]:
     import torch
 
@@ -213,11 +196,11 @@ def _weights_case(name: str, tmp: Path) -> tuple[Path, list[str]]:
         return path, needles
     if name == "malicious-pt":
         path = tmp / "evil.pt"
-        torch.save({"state_dict": create_model("lenet").state_dict(), "hook": _Payload(tmp / "PWNED")}, path)
+        torch.save({"state_dict": create_model("lenet").state_dict(), "hook": Payload(tmp / "PWNED")}, path)
         return path, [f"refused to load {path}", "it references io.open", "if you TRUST its origin"]
     if name == "malicious-raw-pickle":
         path = tmp / "evil.pkl"
-        path.write_bytes(pickle.dumps({"weights": _Payload(tmp / "PWNED")}, protocol=4))
+        path.write_bytes(pickle.dumps({"weights": Payload(tmp / "PWNED")}, protocol=4))
         return path, [f"refused to load {path}", "needs arbitrary code", "convert it from trusted code"]
     if name == "empty-dir":
         path = tmp / "empty"
@@ -292,15 +275,6 @@ SMALL = [
 CKPT = Path("checkpoints") / "step_00000002"
 
 
-def run_cli(capsys, main, argv: list[str]) -> tuple[int, str, str]:
-    """``run_main(main, argv)`` in this process, as the scripts run it: (exit code, stdout, stderr)."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as info:
-        run_main(main, argv)
-    out, err = capsys.readouterr()
-    return info.value.code, out, err
-
-
 def one_line(code: int, out: str, err: str, *needles: str, exit_code: int = 2) -> str:
     """The in-process twin of ``assert_one_line_error``."""
     shown = f"exit {code}\nSTDOUT:\n{out[-3000:]}\nSTDERR:\n{err[-5000:]}"
@@ -312,22 +286,6 @@ def one_line(code: int, out: str, err: str, *needles: str, exit_code: int = 2) -
     return err.rstrip("\n")
 
 
-@contextlib.contextmanager
-def deadline(seconds: int):
-    """Fail (instead of hanging the suite) if the block takes longer than ``seconds``: for FIFO cases."""
-
-    def expired(signum, frame):
-        raise AssertionError(f"still blocked after {seconds} s: the input was opened and read")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def bomb_png(path: Path, side: int = 30_000) -> Path:
     """A PNG whose header claims ``side`` x ``side`` pixels (900 M): a decompression bomb, a few bytes on disk."""
 
@@ -337,11 +295,6 @@ def bomb_png(path: Path, side: int = 30_000) -> Path:
     ihdr = struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)
     idat = zlib.compress(b"\x00" * (side + 1))  # one row; the header is what counts
     path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
-    return path
-
-
-def fifo(path: Path) -> Path:
-    os.mkfifo(path)
     return path
 
 

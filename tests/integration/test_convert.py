@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from checks import assert_one_line_error
+from checks import assert_one_line_error, raises_user_error
 from conftest import REPO, check, run_here
 from safetensors.torch import load_file
 
@@ -154,16 +154,6 @@ def test_built_in_models_are_still_built_and_checked(tmp_path):
 # ---- --out refuses to replace an export without --overwrite ----------------------------------------------------------
 
 
-def _user_error(fn, *needles: str) -> str:
-    with pytest.raises(UserError) as err:
-        fn()
-    message = str(err.value)
-    assert "\n" not in message
-    for needle in needles:
-        assert needle in message, (needle, message)
-    return message
-
-
 def test_convert_refuses_an_existing_export_without_overwrite(tmp_path):
     from accel_train.commands.convert import main
     from accel_train.models import create_model
@@ -175,7 +165,7 @@ def test_convert_refuses_an_existing_export_without_overwrite(tmp_path):
     assert main(args) == 0
     before = (out / "model.safetensors").read_bytes()
     torch.save(create_model("lenet").state_dict(), source)  # other weights (a new random init)
-    _user_error(lambda: main(args), f"--out {out} already holds an export", "--overwrite")
+    raises_user_error(lambda: main(args), f"--out {out} already holds an export", "--overwrite")
     assert (out / "model.safetensors").read_bytes() == before
     assert main([*args, "--overwrite"]) == 0
     assert (out / "model.safetensors").read_bytes() != before

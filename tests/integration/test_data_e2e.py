@@ -5,12 +5,10 @@ Single-process runs go through ``run_here`` (the command's main in this process)
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from checks import run_bad
 from conftest import FAST, check, max_abs_diff, run_here, run_on, summary, weights
-from datafiles import write_cifar10, write_hf_disk, write_image_folder, write_mnist_idx
+from datafiles import image_folder_with, write_cifar10, write_hf_disk, write_image_folder, write_mnist_idx
 
 TWO_STEPS = ["--max-steps", "2", "--batch-size", "4", "--model", "lenet", *FAST]
 
@@ -109,20 +107,7 @@ def test_scale_lr_is_linear_in_the_global_batch(tmp_path):
 # ---- an image folder with unreadable images, through train.py --------------------------------------------------------
 
 
-def _folder_with(tmp_path: Path, *bad: str) -> Path:
-    root = write_image_folder(tmp_path / "images", classes=("a", "b"), per_class=4, size=16)
-    good = (root / "a" / "a_000.png").read_bytes()
-    for name in bad:
-        if name == "corrupt":
-            (root / "a" / "corrupt.png").write_bytes(good[: len(good) // 2])  # truncated: fails verify()
-        elif name == "empty":
-            (root / "b" / "empty.png").write_bytes(b"")
-        elif name == "text":
-            (root / "b" / "readme.jpg").write_text("this is not an image\n")
-    return root
-
-
 def test_imagefolder_unreadable_images_through_train_script(tmp_path):
-    root = _folder_with(tmp_path, "corrupt", "empty")
+    root = image_folder_with(tmp_path, "corrupt", "empty")
     args = [*FAST, "--dataset", f"imagefolder:{root}", "--output-dir", str(tmp_path / "run")]
     run_bad("train.py", args, [tmp_path], ["2 of 10 image files cannot be read", "corrupt.png", "empty.png"])

@@ -10,51 +10,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import check, run_script, summary
+from checks import run_cli
+from conftest import CONFIGS, REPO, check, run_script, summary
+from helpers_doctor import MULTI_CPU_STYLE, finding, run_view, write
 
-from accel_train.cli import run_main
 from accel_train.doctor import (
-    RUN_KEYS,
     Environment,
     diagnose_config,
 )
 from accel_train.doctor.smoke import TRAIN_ARGS, disagreements, observed
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-CONFIG_DIR = REPO / "accelerate_configs"
-
-
-def write(tmp_path: Path, text: str, name: str = "config.yaml") -> Path:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(text).lstrip(), encoding="utf-8")
-    return path
-
-
-def finding(diag, code: str):
-    matches = [f for f in diag.findings if f.code == code]
-    assert matches, f"no {code!r} in {diag.findings}"
-    return matches[0]
-
-
-def run_view(world_size, distributed_type, device, mixed_precision, data_parallel=False) -> dict:
-    """What a run records in summary.json (``RUN_KEYS``), as ``diag.plan["run"]`` predicts it."""
-    return dict(zip(RUN_KEYS, (world_size, distributed_type, device, mixed_precision, data_parallel), strict=True))
-
-
-# what accelerate_configs/multi_cpu.yaml must look like: torchrun ranks, GPUs hidden
-MULTI_CPU_STYLE = textwrap.dedent("""
-    compute_environment: LOCAL_MACHINE
-    distributed_type: MULTI_GPU
-    num_processes: 2
-    gpu_ids: '-1,-1'
-    mixed_precision: 'no'
-""").lstrip()
 
 
 def test_script_exit_codes(tmp_path):
@@ -117,7 +84,7 @@ def launches(smoke_multi_cpu, wizard_default, launch_once):
 
     def launch(case: str) -> tuple:
         name, launch_args, _ = LAUNCHED[case]
-        config = wizard_default if name is None else CONFIG_DIR / name
+        config = wizard_default if name is None else CONFIGS / name
         if case == "multi_cpu":  # the doctor's own smoke run
             out, stderr = smoke_multi_cpu[1], ""
         else:
@@ -173,7 +140,7 @@ def test_smoke_reports_a_run_that_disagrees(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(smoke_module.subprocess, "run", fake_launch)
     with pytest.raises(SystemExit) as info:
-        run_main(main, ["--config_file", str(CONFIG_DIR / "multi_cpu.yaml"), "--smoke", "--smoke-dir", str(tmp_path)])
+        run_main(main, ["--config_file", str(CONFIGS / "multi_cpu.yaml"), "--smoke", "--smoke-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert info.value.code == 1
     assert "world_size        2               3   <- differs" in out and "smoke verdict: DIFFERS" in out
@@ -181,15 +148,6 @@ def test_smoke_reports_a_run_that_disagrees(tmp_path, monkeypatch, capsys):
 
 
 # ---- the doctor script's exit code -----------------------------------------------------------------------------------
-
-
-def run_cli(capsys, main, argv: list[str]) -> tuple[int, str, str]:
-    """``run_main(main, argv)`` in this process, as the scripts run it: (exit code, stdout, stderr)."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as info:
-        run_main(main, argv)
-    out, err = capsys.readouterr()
-    return info.value.code, out, err
 
 
 def test_doctor_script_exit_code_for_fp8(tmp_path, capsys):

@@ -7,20 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
+from checks import raises_user_error
 from datafiles import MNIST_NAMES, write_mnist_idx
 
 from accel_train.config import parse_config
-from accel_train.errors import UserError
-
-
-def _user_error(fn, *needles: str) -> str:
-    with pytest.raises(UserError) as err:
-        fn()
-    message = str(err.value)
-    assert "\n" not in message
-    for needle in needles:
-        assert needle in message, (needle, message)
-    return message
 
 
 def _mnist_export(path: Path) -> Path:
@@ -47,14 +37,14 @@ def test_eval_scores_mnist_from_the_t10k_files_alone(tmp_path):
     train = parse_config(["--dataset", "mnist", "--data-dir", str(tmp_path / "data")])
     from accel_train.data import build_dataset
 
-    _user_error(lambda: build_dataset(train.data_config()), "missing: train-images-idx3-ubyte", "with --download")
+    raises_user_error(lambda: build_dataset(train.data_config()), "missing: train-images-idx3-ubyte", "with --download")
 
 
 def test_eval_errors_suggest_no_flag_eval_lacks(tmp_path):
     from accel_train.saved_eval import run_evaluation
 
     export = _mnist_export(tmp_path / "export")
-    message = _user_error(
+    message = raises_user_error(
         lambda: run_evaluation(str(export), data_dir=str(tmp_path / "none")),
         "missing: t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte",
         "train.py --download",
@@ -63,7 +53,7 @@ def test_eval_errors_suggest_no_flag_eval_lacks(tmp_path):
 
     raw = write_mnist_idx(tmp_path / "data")
     (raw / "t10k-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x99" + b"\x00" * 12)
-    _user_error(
+    raises_user_error(
         lambda: run_evaluation(str(export), data_dir=str(tmp_path / "data")),
         "corrupt IDX header",
         "re-download with train.py --download",
@@ -74,7 +64,7 @@ def test_eval_errors_suggest_no_flag_eval_lacks(tmp_path):
 
     bare = tmp_path / "bare"
     export_weights(create_model("lenet").state_dict(), bare, None)  # no config.json: the model is unknown
-    message = _user_error(lambda: run_evaluation(str(bare)), "does not record its model", "convert_checkpoint.py")
+    message = raises_user_error(lambda: run_evaluation(str(bare)), "does not record its model", "convert_checkpoint.py")
     assert "e.g. --model" not in message
 
 

@@ -10,42 +10,10 @@ Whole runs and launches; the in-process tests are in ../unit/test_experiment_con
 from __future__ import annotations
 
 import pytest
-from conftest import FAST, REPO, check, run_here, summary
+from conftest import FAST, check, run_here, summary
+from helpers_experiment_configs import CONFIG_DIR, EXPECTED
 
 from accel_train.config import parse_config
-
-CONFIG_DIR = REPO / "configs"
-
-
-EXPECTED = {
-    "seed000_mnist_cnn.yaml": {
-        "model": "mnist_cnn",
-        "dataset": "mnist",
-        "optimizer": "adam",
-        "lr": 1e-3,
-        "batch_size": 64,
-    },
-    "seed001_lenet_fashion.yaml": {
-        "model": "lenet",
-        "dataset": "fashion_mnist",
-        "optimizer": "sgd",
-        "lr": 0.2,
-        "batch_size": 256,
-        "epochs": 10,
-        "momentum": 0.0,
-        "lr_schedule": "constant",
-    },
-    "seed001_resnet18_fashion.yaml": {
-        "model": "resnet18",
-        "dataset": "fashion_mnist",
-        "optimizer": "sgd",
-        "lr": 0.1,
-        "batch_size": 256,
-        "momentum": 0.0,
-        "lr_schedule": "constant",
-    },
-}
-
 
 # synthetic stand-in with the seeds' data shape; small, because mnist_cnn has a 25088x1024 layer
 SYNTHETIC = [

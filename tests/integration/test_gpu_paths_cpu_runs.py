@@ -16,17 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import SMALL_RUN
 
 from accel_train.config import parse_config
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-SMALL = [
-    "--dataset", "synthetic", "--synthetic-size", "256", "--synthetic-test-size", "64",
-    "--synthetic-image-size", "16", "--model", "lenet", "--batch-size", "16",
-    "--report-to", "none", "--no-plots", "--no-progress", "--log-every", "1",
-]  # fmt: skip
 
 
 def _build(out: Path, *args: str, scaler: torch.amp.GradScaler | None = None):
@@ -35,7 +27,7 @@ def _build(out: Path, *args: str, scaler: torch.amp.GradScaler | None = None):
     from accel_train.run_dir import RunDir
     from accel_train.runtime import build_runtime
 
-    cfg = parse_config([*SMALL, "--output-dir", str(out), *args])
+    cfg = parse_config([*SMALL_RUN, "--output-dir", str(out), *args])
     rt = build_runtime(cfg)
     rt.accelerator.scaler = scaler  # what Accelerator(mixed_precision="fp16") sets up on CUDA
     resume_path = resolve_resume(cfg.resume, cfg.output_dir)  # as loop.fit resolves it, once

@@ -18,21 +18,7 @@ import textwrap
 from pathlib import Path
 
 from conftest import REPO
-
-SCRIPT = REPO / "scripts" / "mutation_check.py"
-
-
-def _load():
-    """The check's modules (scripts/mutation/), imported as the script imports them: with scripts/ first on the path."""
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        from mutation import mutants, report, runner
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    return mutants, runner, report
-
-
-M, RUN, REP = _load()  # the mutant list, the runner, the report
+from helpers_mutation import SCRIPT, M
 
 
 def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -12,14 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from checks import raises_user_error
+from helpers_plots import assert_png, global_batch_run, train_loss_axis
 
 from accel_train.errors import UserError
 from accel_train.plots import compare_runs_table, plot_curves, plot_runs, read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def _train(step: int, loss: float, **extra) -> dict:
@@ -69,21 +68,6 @@ def make_run(
     if config is not None:
         (run / "config.yaml").write_text(config)
     return run
-
-
-def assert_png(path: Path, min_size: tuple[int, int] = (300, 200)) -> None:
-    from PIL import Image
-
-    assert path.is_file(), path
-    assert path.read_bytes()[:8] == PNG_SIGNATURE
-    with Image.open(path) as image:
-        image.verify()
-    with Image.open(path) as image:
-        assert image.format == "PNG"
-        assert image.size[0] >= min_size[0] and image.size[1] >= min_size[1], image.size
-        # Not a blank canvas: more than one colour.
-        extrema = image.convert("L").getextrema()
-        assert extrema[0] < extrema[1]
 
 
 SUMMARY = {
@@ -239,59 +223,13 @@ def test_script_missing_run_dir(tmp_path):
 # ---- plot_runs --x, and the global batch in its table ----------------------------------------------------------------
 
 
-def _user_error(fn, *needles: str) -> str:
-    with pytest.raises(UserError) as err:
-        fn()
-    message = str(err.value)
-    assert "\n" not in message
-    for needle in needles:
-        assert needle in message, (needle, message)
-    return message
-
-
-def _run(root: Path, name: str, global_batch: int | None, steps_per_epoch: int = 10) -> Path:
-    run = root / name
-    run.mkdir(parents=True)
-    records = [{"event": "train", "step": s, "epoch": 0, "loss": 1.0 / s, "accuracy": 0.5} for s in (5, 10, 20)]
-    records.append({"event": "eval", "step": 20, "epoch": 1, "eval_loss": 0.5, "eval_accuracy": 0.9})
-    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    if global_batch is not None:
-        resolved = f"resolved:\n  global_batch: {global_batch}\n  steps_per_epoch: {steps_per_epoch}\n"
-        (run / "config.yaml").write_text("model: lenet\n" + resolved)
-    return run
-
-
-@pytest.fixture
-def figures(monkeypatch):
-    """The figures ``plot_runs`` would save, kept open for inspection."""
-    from accel_train import plots
-
-    saved = []
-
-    def keep(fig, out):
-        saved.append(fig)
-        return Path(out)
-
-    monkeypatch.setattr(plots, "_save", keep)
-    yield saved
-
-
-def _axis(fig) -> tuple[str, list[str], list[list[float]]]:
-    ax = fig.axes[0]  # the train-loss panel
-    return (
-        ax.get_xlabel(),
-        [t.get_text() for t in ax.get_legend().get_texts()],
-        [list(ln.get_xdata()) for ln in ax.lines],
-    )
-
-
 def test_plot_runs_command_takes_x_and_tables_the_global_batch(tmp_path, capsys, figures):
     from accel_train.commands.plot_runs import main
 
-    runs = [_run(tmp_path, "b32", 32), _run(tmp_path, "b64", 64)]
+    runs = [global_batch_run(tmp_path, "b32", 32), global_batch_run(tmp_path, "b64", 64)]
     assert main([*map(str, runs), "--out", str(tmp_path / "c.png"), "--x", "epoch"]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].rstrip().endswith("| global batch |")
     assert table[2].rstrip().endswith("| 32 |") and table[3].rstrip().endswith("| 64 |")
-    assert _axis(figures[-1])[0].startswith("epoch")
-    _user_error(lambda: main([str(runs[0]), "--x", "time"]), "--x", "invalid choice")
+    assert train_loss_axis(figures[-1])[0].startswith("epoch")
+    raises_user_error(lambda: main([str(runs[0]), "--x", "time"]), "--x", "invalid choice")

@@ -18,19 +18,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers_predict_real import N_DIGITS, held_out_digits, mnist_style
 from PIL import Image
 
-N_DIGITS = 200  # of the digits test split (the model never saw them)
-
-
 PAGE = (96, 64)  # width, height of a hand-drawn page
-
-
-def _test_digits() -> tuple[np.ndarray, np.ndarray]:
-    from accel_train.data.digits import load_digits_dataset
-
-    test = load_digits_dataset()["test"]
-    return np.asarray(test["image"], dtype=np.uint8)[:N_DIGITS], np.asarray(test["label"])[:N_DIGITS]
 
 
 def hand_drawn(pixels: np.ndarray, rng: np.random.Generator) -> Image.Image:
@@ -40,21 +31,6 @@ def hand_drawn(pixels: np.ndarray, rng: np.random.Generator) -> Image.Image:
     page = Image.new("L", PAGE, 255)
     page.paste(digit, (int(rng.integers(0, PAGE[0] - side)), int(rng.integers(0, PAGE[1] - side))))
     return page
-
-
-def mnist_style(pixels: np.ndarray) -> Image.Image:
-    """White on black, 28x28: the digit's bounding box scaled into 20x20 (aspect kept), centre of mass centred."""
-    ys, xs = np.nonzero(pixels > 0.3 * pixels.max())
-    crop = pixels[ys.min() : ys.max() + 1, xs.min() : xs.max() + 1]
-    scale = 20 / max(crop.shape)
-    size = (max(1, round(crop.shape[1] * scale)), max(1, round(crop.shape[0] * scale)))
-    digit = np.asarray(Image.fromarray(crop, mode="L").resize(size, Image.Resampling.BILINEAR), dtype=np.float32)
-    cy = (digit.sum(1) * np.arange(digit.shape[0])).sum() / digit.sum()
-    cx = (digit.sum(0) * np.arange(digit.shape[1])).sum() / digit.sum()
-    field = np.zeros((28 + 2 * 28, 28 + 2 * 28), np.float32)  # margins: paste anywhere, then cut the field
-    top, left = 28 + round(13.5 - cy), 28 + round(13.5 - cx)
-    field[top : top + digit.shape[0], left : left + digit.shape[1]] = digit
-    return Image.fromarray(field[28:56, 28:56].clip(0, 255).astype(np.uint8), mode="L")
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +53,7 @@ def drawings(tmp_path_factory) -> dict[str, Path]:
     folders = {"hand": root / "hand", "mnist": root / "mnist"}
     for folder in folders.values():
         folder.mkdir()
-    for i, (pixels, label) in enumerate(zip(*_test_digits(), strict=True)):
+    for i, (pixels, label) in enumerate(zip(*held_out_digits(), strict=True)):
         hand_drawn(pixels, rng).save(folders["hand"] / f"{i:03d}_{label}.png")
         mnist_style(pixels).save(folders["mnist"] / f"{i:03d}_{label}.png")
     return folders

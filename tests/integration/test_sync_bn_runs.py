@@ -18,11 +18,9 @@ import pytest
 import torch
 import torch.nn as nn
 from conftest import FAST, check, max_abs_diff, run_here, run_script, weights
+from helpers_sync_bn import RESNET18_BN_LAYERS, assert_close, randomise_affine
 
 from accel_train.sync_bn import to_cpu_sync_batchnorm
-
-RESNET18_BN_LAYERS = 20  # stem 1 + 8 blocks x 2 + 3 shortcuts
-
 
 # SGD, not the default Adam: Adam's first step is lr * sign(grad), and most of resnet18's initial
 # gradients are below 1e-8, where float32 noise (summation order, 1 vs 2 threads) flips signs and moves
@@ -83,22 +81,6 @@ def test_without_sync_bn_the_setups_differ(e2e_runs):
     assert max_abs_diff(one, weights(e2e_runs["one_sync"][0])) <= 1e-6
 
 
-def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-6) -> None:
-    """max |a - b| <= tol, relative to b's scale when that is above 1 (float32 sums of many terms)."""
-    a, b = a.detach().double(), b.detach().double()
-    scale = max(1.0, b.abs().max().item()) if b.numel() else 1.0
-    diff = (a - b).abs().max().item() if b.numel() else 0.0
-    assert diff <= tol * scale, f"max abs diff {diff:.3g} > {tol:g} x {scale:.3g}"
-
-
-def _randomise_affine(bn: nn.Module, seed: int = 0) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        if getattr(bn, "weight", None) is not None:
-            bn.weight.copy_(torch.rand(bn.weight.shape, generator=g) * 1.5 + 0.5)
-            bn.bias.copy_(torch.rand(bn.bias.shape, generator=g) * 2 - 1)
-
-
 # --- two gloo ranks in this test: spawned processes, results through files ---------------------------
 
 
@@ -115,8 +97,8 @@ def _two_rank_setup():
         nn.Conv2d(4, 5, 1, bias=False),
         nn.BatchNorm2d(5, momentum=None),
     )
-    _randomise_affine(model[1], 1)
-    _randomise_affine(model[4], 2)
+    randomise_affine(model[1], 1)
+    randomise_affine(model[4], 2)
     g = torch.Generator().manual_seed(3)
     x = [torch.randn(sum(SPLIT), 3, 6, 6, generator=g) * 2 + 1 for _ in range(2)]
     w = [torch.randn(sum(SPLIT), 5, 4, 4, generator=g) for _ in range(2)]
@@ -176,20 +158,20 @@ def test_two_gloo_ranks_equal_one_process_with_the_whole_batch(tmp_path):
         xi = x.clone().requires_grad_()
         y = model(xi)
         (y * w).sum().backward()
-        _close(torch.cat([r["y"][step] for r in ranks]), y, 1e-5)
-        _close(torch.cat([r["x_grad"][step] for r in ranks]), xi.grad, 1e-5)
+        assert_close(torch.cat([r["y"][step] for r in ranks]), y, 1e-5)
+        assert_close(torch.cat([r["x_grad"][step] for r in ranks]), xi.grad, 1e-5)
     for name, p in model.named_parameters():
-        _close(ranks[0]["grads"][name] + ranks[1]["grads"][name], p.grad, 1e-5)
+        assert_close(ranks[0]["grads"][name] + ranks[1]["grads"][name], p.grad, 1e-5)
     for key, value in model.state_dict().items():
         for r in ranks:
-            _close(r["state"][key], value, 1e-5)
+            assert_close(r["state"][key], value, 1e-5)
     assert int(ranks[0]["state"]["4.num_batches_tracked"]) == 2
 
     model.eval()
-    _close(torch.cat([r["eval"] for r in ranks]), model(xs[0]), 1e-5)
+    assert_close(torch.cat([r["eval"] for r in ranks]), model(xs[0]), 1e-5)
     model.train()
     model.zero_grad()
     (model(xs[1]) * ws[1]).mean().backward()
     for name, p in model.named_parameters():
         for r in ranks:
-            _close(r["ddp_grads"][name], p.grad, 1e-5)
+            assert_close(r["ddp_grads"][name], p.grad, 1e-5)

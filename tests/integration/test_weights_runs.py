@@ -15,33 +15,14 @@ import numpy as np
 import pytest
 import torch
 from conftest import run_here
+from helpers_weights import compiled_pt, dataparallel_pkl, seeded_model
 from PIL import Image
-from torch import nn
 
 from accel_train.checkpoint.weights import (
     inspect_checkpoint,
 )
-from accel_train.models import create_model
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _model(name: str = "lenet", seed: int = 0, **sizes) -> nn.Module:
-    torch.manual_seed(seed)
-    sizes = {"num_classes": 10, "in_channels": 1, "image_size": 28, **sizes}
-    return create_model(name, **sizes).eval()
-
-
-def _dataparallel_pkl(model, d):  # seed 000: torch.save(model.state_dict(), "model_parameter.pkl") under DP
-    torch.save(nn.DataParallel(model).state_dict(), d / "model_parameter.pkl")
-    return d / "model_parameter.pkl"
-
-
-def _compiled_pt(model, d):  # torch.compile wrapper (not called, so nothing compiles)
-    sd = torch.compile(model).state_dict()
-    assert all(k.startswith("_orig_mod.") for k in sd)
-    torch.save(sd, d / "compiled.pt")
-    return d / "compiled.pt"
 
 
 def _run_script(*args: str) -> subprocess.CompletedProcess:
@@ -68,8 +49,8 @@ def _write_pngs(d: Path) -> list[Path]:
 
 
 def test_scripts_end_to_end(tmp_path):
-    original = _model()
-    source = _dataparallel_pkl(original, tmp_path)
+    original = seeded_model()
+    source = dataparallel_pkl(original, tmp_path)
 
     inspected = _run_script("scripts/convert_checkpoint.py", str(source))
     assert inspected.returncode == 0, inspected.stderr
@@ -116,7 +97,7 @@ def test_scripts_end_to_end(tmp_path):
 
 
 def test_convert_without_model_and_json_inspection(tmp_path):
-    source = _compiled_pt(_model(), tmp_path)
+    source = compiled_pt(seeded_model(), tmp_path)
     converted = run_here("convert_checkpoint.py", str(source), "--out", str(tmp_path / "c"))
     assert converted.returncode == 0, converted.stderr
     assert "--model" in converted.stdout
@@ -124,7 +105,7 @@ def test_convert_without_model_and_json_inspection(tmp_path):
     inspected = run_here("convert_checkpoint.py", str(tmp_path / "c"), "--json")
     assert inspected.returncode == 0, inspected.stderr
     info = json.loads(inspected.stdout)
-    assert info["format"] == "safetensors" and info["num_tensors"] == len(_model().state_dict())
+    assert info["format"] == "safetensors" and info["num_tensors"] == len(seeded_model().state_dict())
 
     mismatch = run_here(
         "convert_checkpoint.py",

@@ -16,10 +16,10 @@ The in-process tests; whole runs and launches are in ../integration/test_bad_inp
 from __future__ import annotations
 
 import pickle
-from pathlib import Path
 
 import pytest
 from checks import raises_user_error, snapshot
+from helpers_bad_inputs import Payload, not_a_checkpoint_needles
 
 from accel_train.config import parse_config
 
@@ -99,10 +99,6 @@ def test_yaml_config_missing_or_binary_file(tmp_path):
     raises_user_error(lambda: parse_config(["--config", str(binary)]), str(binary), "UTF-8", "pass a YAML file")
 
 
-def _not_a_checkpoint_needles(target: Path) -> list[str]:
-    return [f"--resume {str(target)!r}", "not a checkpoint folder (no progress.json)", "'auto'"]
-
-
 def test_resume_from_a_folder_that_is_not_a_checkpoint_in_process(tmp_path):
     from accel_train.checkpoint.state import resolve_resume
 
@@ -110,23 +106,13 @@ def test_resume_from_a_folder_that_is_not_a_checkpoint_in_process(tmp_path):
     target.mkdir()
     (target / "README.txt").write_text("not a checkpoint\n")
     before = snapshot(tmp_path)
-    raises_user_error(lambda: resolve_resume(str(target), tmp_path / "run"), *_not_a_checkpoint_needles(target))
+    raises_user_error(lambda: resolve_resume(str(target), tmp_path / "run"), *not_a_checkpoint_needles(target))
     assert snapshot(tmp_path) == before
-
-
-class _Payload:
-    """Unpickling this creates ``marker``: proof that a loader executed code from the file."""
-
-    def __init__(self, marker: Path):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
 
 
 def test_the_malicious_payload_is_real(tmp_path):
     """Guard for the two cases above: plain pickle DOES run the payload, so 'no marker' means refused."""
-    pickle.loads(pickle.dumps(_Payload(tmp_path / "ran")))
+    pickle.loads(pickle.dumps(Payload(tmp_path / "ran")))
     assert (tmp_path / "ran").exists()
 
 

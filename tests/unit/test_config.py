@@ -3,13 +3,9 @@ refused before anything runs, one ``UserError`` line each (the catalogue of bad 
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-from pathlib import Path
-
 import pytest
 from checks import raises_user_error, snapshot
+from helpers_bad_inputs import deadline, fifo
 
 from accel_train.config import build_parser, parse_config
 
@@ -32,27 +28,6 @@ def test_help_lists_choices_and_each_default_once():
 
 
 # ---- flag and YAML values --------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def deadline(seconds: int):
-    """Fail (instead of hanging the suite) if the block takes longer than ``seconds``: for FIFO cases."""
-
-    def expired(signum, frame):
-        raise AssertionError(f"still blocked after {seconds} s: the input was opened and read")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def fifo(path: Path) -> Path:
-    os.mkfifo(path)
-    return path
 
 
 FLAG_CASES = [

@@ -26,6 +26,7 @@ from datafiles import (
     CIFAR10_LABEL_NAMES,
     HF_CLASS_NAMES,
     MNIST_NAMES,
+    image_folder_with,
     write_cifar10,
     write_hf_disk,
     write_image_folder,
@@ -450,16 +451,6 @@ def test_hf_missing_local_dir(tmp_path):
 # ---- evaluation reads the test split alone ---------------------------------------------------------------------------
 
 
-def _user_error(fn, *needles: str) -> str:
-    with pytest.raises(UserError) as err:
-        fn()
-    message = str(err.value)
-    assert "\n" not in message
-    for needle in needles:
-        assert needle in message, (needle, message)
-    return message
-
-
 def test_cifar10_test_only_needs_only_test_batch(tmp_path):
     from accel_train.data import build_dataset
 
@@ -469,7 +460,7 @@ def test_cifar10_test_only_needs_only_test_batch(tmp_path):
     splits = build_dataset(cfg, test_only=True)
     assert len(splits.test) == 6 and len(splits.train) == 0
     assert splits.train.images.shape[1:] == splits.test.images.shape[1:] == (3, 32, 32)
-    _user_error(lambda: build_dataset(cfg), "missing: data_batch_3", "with --download")
+    raises_user_error(lambda: build_dataset(cfg), "missing: data_batch_3", "with --download")
 
 
 # ---- image folders load quietly --------------------------------------------------------------------------------------
@@ -495,19 +486,6 @@ def test_imagefolder_loads_quietly_and_restores_datasets_settings(tmp_path, capf
 # ---- image folders: unreadable images, other files, mixed modes, loops -----------------------------------------------
 
 
-def _folder_with(tmp_path: Path, *bad: str) -> Path:
-    root = write_image_folder(tmp_path / "images", classes=("a", "b"), per_class=4, size=16)
-    good = (root / "a" / "a_000.png").read_bytes()
-    for name in bad:
-        if name == "corrupt":
-            (root / "a" / "corrupt.png").write_bytes(good[: len(good) // 2])  # truncated: fails verify()
-        elif name == "empty":
-            (root / "b" / "empty.png").write_bytes(b"")
-        elif name == "text":
-            (root / "b" / "readme.jpg").write_text("this is not an image\n")
-    return root
-
-
 @pytest.mark.parametrize(
     "bad,needles",
     [
@@ -524,7 +502,7 @@ def _folder_with(tmp_path: Path, *bad: str) -> Path:
 def test_imagefolder_unreadable_images_in_process(tmp_path, bad, needles):
     from accel_train.data import build_dataset
 
-    root = _folder_with(tmp_path, *bad)
+    root = image_folder_with(tmp_path, *bad)
     before = snapshot(tmp_path)
     cfg = parse_config(["--dataset", f"imagefolder:{root}"]).data_config()
     message = raises_user_error(lambda: build_dataset(cfg), str(root), *needles, "remove or replace them")
@@ -535,7 +513,7 @@ def test_imagefolder_unreadable_images_in_process(tmp_path, bad, needles):
 def test_imagefolder_ignores_other_files(tmp_path):
     from accel_train.data import build_dataset
 
-    root = _folder_with(tmp_path)
+    root = image_folder_with(tmp_path)
     (root / "a" / "notes.txt").write_text("not an image, not an image extension: not indexed\n")
     splits = build_dataset(parse_config(["--dataset", f"imagefolder:{root}"]).data_config())
     assert len(splits.train) + len(splits.test) == 8 and splits.extra["notes"] == []
@@ -561,7 +539,7 @@ def test_imagefolder_image_that_only_fails_to_decode(tmp_path):
     estimates, or as a sample in an epoch) is one line naming the file."""
     from accel_train.data import build_dataset
 
-    root = _folder_with(tmp_path)
+    root = image_folder_with(tmp_path)
     bad = undecodable_png(root / "a" / "a_001.png")
 
     def read_everything():
@@ -576,7 +554,7 @@ def test_imagefolder_image_that_only_fails_to_decode(tmp_path):
 def test_imagefolder_with_a_directory_loop(tmp_path):
     from accel_train.data import build_dataset
 
-    root = _folder_with(tmp_path)
+    root = image_folder_with(tmp_path)
     (root / "a" / "loop").symlink_to(root)
     cfg = parse_config(["--dataset", f"imagefolder:{root}"]).data_config()
     raises_user_error(lambda: build_dataset(cfg), "links back to", "a directory loop")

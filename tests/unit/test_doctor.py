@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import CONFIGS
+from helpers_doctor import MULTI_CPU_STYLE, finding, run_view, write
 
 from accel_train import netif
 from accel_train.doctor import (
     CUDA_TYPES,
-    RUN_KEYS,
     Environment,
     devices_report,
     diagnose_config,
@@ -30,11 +31,6 @@ from accel_train.doctor import (
 from accel_train.doctor.smoke import disagreements, observed
 from accel_train.errors import UserError
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-CONFIG_DIR = REPO / "accelerate_configs"
-
 
 def make_env(gpus: int = 0, **kw) -> Environment:
     kw.setdefault("cpu_count", 8)
@@ -43,25 +39,8 @@ def make_env(gpus: int = 0, **kw) -> Environment:
     return Environment(cuda_device_count=gpus, **kw)
 
 
-def write(tmp_path: Path, text: str, name: str = "config.yaml") -> Path:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(text).lstrip(), encoding="utf-8")
-    return path
-
-
 def diagnose(tmp_path: Path, text: str, env: Environment | None = None, **kw):
     return diagnose_config(write(tmp_path, text), env or make_env(), **kw)
-
-
-def finding(diag, code: str):
-    matches = [f for f in diag.findings if f.code == code]
-    assert matches, f"no {code!r} in {diag.findings}"
-    return matches[0]
-
-
-def run_view(world_size, distributed_type, device, mixed_precision, data_parallel=False) -> dict:
-    """What a run records in summary.json (``RUN_KEYS``), as ``diag.plan["run"]`` predicts it."""
-    return dict(zip(RUN_KEYS, (world_size, distributed_type, device, mixed_precision, data_parallel), strict=True))
 
 
 CPU_SINGLE = textwrap.dedent("""
@@ -69,16 +48,6 @@ CPU_SINGLE = textwrap.dedent("""
     distributed_type: 'NO'
     num_processes: 1
     use_cpu: true
-    mixed_precision: 'no'
-""").lstrip()
-
-
-# what accelerate_configs/multi_cpu.yaml must look like: torchrun ranks, GPUs hidden
-MULTI_CPU_STYLE = textwrap.dedent("""
-    compute_environment: LOCAL_MACHINE
-    distributed_type: MULTI_GPU
-    num_processes: 2
-    gpu_ids: '-1,-1'
     mixed_precision: 'no'
 """).lstrip()
 
@@ -561,9 +530,9 @@ def test_environment_detect():
 
 
 def _repo_configs() -> list[Path]:
-    if not CONFIG_DIR.is_dir():
+    if not CONFIGS.is_dir():
         return []
-    return sorted([*CONFIG_DIR.glob("*.yaml"), *CONFIG_DIR.glob("*.yml")])
+    return sorted([*CONFIGS.glob("*.yaml"), *CONFIGS.glob("*.yml")])
 
 
 def _env_for(path: Path) -> Environment:

@@ -10,41 +10,9 @@ The in-process tests; whole runs and launches are in ../integration/test_experim
 from __future__ import annotations
 
 import pytest
-from conftest import REPO
+from helpers_experiment_configs import CONFIG_DIR, EXPECTED
 
 from accel_train.config import parse_config
-
-CONFIG_DIR = REPO / "configs"
-
-
-EXPECTED = {
-    "seed000_mnist_cnn.yaml": {
-        "model": "mnist_cnn",
-        "dataset": "mnist",
-        "optimizer": "adam",
-        "lr": 1e-3,
-        "batch_size": 64,
-    },
-    "seed001_lenet_fashion.yaml": {
-        "model": "lenet",
-        "dataset": "fashion_mnist",
-        "optimizer": "sgd",
-        "lr": 0.2,
-        "batch_size": 256,
-        "epochs": 10,
-        "momentum": 0.0,
-        "lr_schedule": "constant",
-    },
-    "seed001_resnet18_fashion.yaml": {
-        "model": "resnet18",
-        "dataset": "fashion_mnist",
-        "optimizer": "sgd",
-        "lr": 0.1,
-        "batch_size": 256,
-        "momentum": 0.0,
-        "lr_schedule": "constant",
-    },
-}
 
 
 def test_every_config_file_parses():

@@ -14,26 +14,17 @@ from __future__ import annotations
 import sys
 import threading
 from datetime import timedelta
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn as nn
 import yaml
+from conftest import REPO, SMALL_RUN
 
 from accel_train.config import parse_config
 from accel_train.errors import CheckpointError, LaunchError
 from accel_train.runtime import AutocastDataParallel, check_gpu_count, wrap_data_parallel
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-SMALL = [
-    "--dataset", "synthetic", "--synthetic-size", "256", "--synthetic-test-size", "64",
-    "--synthetic-image-size", "16", "--model", "lenet", "--batch-size", "16",
-    "--report-to", "none", "--no-plots", "--no-progress", "--log-every", "1",
-]  # fmt: skip
 
 
 def _parallel_apply_like_torch(modules, inputs, kwargs_tup=None, devices=None):
@@ -152,7 +143,7 @@ def test_nccl_process_group_is_bound_to_the_local_gpu(monkeypatch):
 def test_batches_are_copied_non_blocking_and_compile_is_left_to_prepare(tmp_path):
     from accel_train.runtime import build_runtime
 
-    rt = build_runtime(parse_config([*SMALL, "--output-dir", str(tmp_path / "run")]))
+    rt = build_runtime(parse_config([*SMALL_RUN, "--output-dir", str(tmp_path / "run")]))
     assert rt.accelerator.dataloader_config.non_blocking is True
     build = (REPO / "accel_train" / "build.py").read_text()
     assert "torch.compile(" not in build  # accelerate compiles inside prepare, after the DDP wrap (runtime.py)

@@ -13,25 +13,10 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import sys
 
 import pytest
 from conftest import REPO
-
-SCRIPT = REPO / "scripts" / "mutation_check.py"
-
-
-def _load():
-    """The check's modules (scripts/mutation/), imported as the script imports them: with scripts/ first on the path."""
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        from mutation import mutants, report, runner
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    return mutants, runner, report
-
-
-M, RUN, REP = _load()  # the mutant list, the runner, the report
+from helpers_mutation import REP, RUN, M
 
 
 @pytest.mark.parametrize("mutant", M.MUTANTS, ids=lambda m: m.name)

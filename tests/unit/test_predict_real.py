@@ -16,34 +16,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers_predict_real import held_out_digits, mnist_style
 from PIL import Image
 
 from accel_train.errors import CheckpointError
 from accel_train.preprocess import INK, KNOWN, check_preprocess, describe_training_images, prepare_image
-
-N_DIGITS = 200  # of the digits test split (the model never saw them)
-
-
-def _test_digits() -> tuple[np.ndarray, np.ndarray]:
-    from accel_train.data.digits import load_digits_dataset
-
-    test = load_digits_dataset()["test"]
-    return np.asarray(test["image"], dtype=np.uint8)[:N_DIGITS], np.asarray(test["label"])[:N_DIGITS]
-
-
-def mnist_style(pixels: np.ndarray) -> Image.Image:
-    """White on black, 28x28: the digit's bounding box scaled into 20x20 (aspect kept), centre of mass centred."""
-    ys, xs = np.nonzero(pixels > 0.3 * pixels.max())
-    crop = pixels[ys.min() : ys.max() + 1, xs.min() : xs.max() + 1]
-    scale = 20 / max(crop.shape)
-    size = (max(1, round(crop.shape[1] * scale)), max(1, round(crop.shape[0] * scale)))
-    digit = np.asarray(Image.fromarray(crop, mode="L").resize(size, Image.Resampling.BILINEAR), dtype=np.float32)
-    cy = (digit.sum(1) * np.arange(digit.shape[0])).sum() / digit.sum()
-    cx = (digit.sum(0) * np.arange(digit.shape[1])).sum() / digit.sum()
-    field = np.zeros((28 + 2 * 28, 28 + 2 * 28), np.float32)  # margins: paste anywhere, then cut the field
-    top, left = 28 + round(13.5 - cy), 28 + round(13.5 - cx)
-    field[top : top + digit.shape[0], left : left + digit.shape[1]] = digit
-    return Image.fromarray(field[28:56, 28:56].clip(0, 255).astype(np.uint8), mode="L")
 
 
 def _pil(tensor: torch.Tensor) -> Image.Image:
@@ -57,7 +34,7 @@ def _pil(tensor: torch.Tensor) -> Image.Image:
 
 
 def test_prepared_inputs_do_not_depend_on_polarity_size_or_place():
-    pixels, _ = _test_digits()
+    pixels, _ = held_out_digits()
     record = KNOWN["mnist"]
     base = torch.from_numpy(np.asarray(mnist_style(pixels[0]), dtype=np.float32) / 255)[None]
     page = torch.ones(1, 64, 96)  # the same digit, black on white, twice the size, right of centre
@@ -101,7 +78,7 @@ def test_pad_fit_keeps_the_aspect_and_pads_with_the_border_colour():
 def test_recorded_statistics_of_digits_and_of_mnist_style_data():
     from accel_train.data.base import TensorImageDataset
 
-    pixels, labels = _test_digits()
+    pixels, labels = held_out_digits()
     mnist = torch.stack([torch.from_numpy(np.array(mnist_style(p))) for p in pixels])[:, None]
     record = describe_training_images(TensorImageDataset(mnist, torch.as_tensor(labels)), "mnist")
     assert record["fit"] == "digit" and record["centre"] == "mass" and record["background"] < 0.05

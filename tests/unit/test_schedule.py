@@ -7,19 +7,9 @@ import json
 
 import pytest
 import torch
+from checks import raises_user_error
 
 from accel_train.config import parse_config
-from accel_train.errors import UserError
-
-
-def _user_error(fn, *needles: str) -> str:
-    with pytest.raises(UserError) as err:
-        fn()
-    message = str(err.value)
-    assert "\n" not in message
-    for needle in needles:
-        assert needle in message, (needle, message)
-    return message
 
 
 def test_step_schedule_takes_milestones_and_gamma():
@@ -55,4 +45,4 @@ def _defaults() -> dict:
     ],
 )
 def test_bad_milestones_and_gamma_are_one_line_errors(flags, needle):
-    _user_error(lambda: parse_config(flags), needle)
+    raises_user_error(lambda: parse_config(flags), needle)

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn as nn
+from helpers_sync_bn import RESNET18_BN_LAYERS, assert_close, randomise_affine
 
 from accel_train.models import create_model
 from accel_train.sync_bn import (
@@ -24,25 +25,6 @@ from accel_train.sync_bn import (
     revert_sync_batchnorm,
     to_cpu_sync_batchnorm,
 )
-
-RESNET18_BN_LAYERS = 20  # stem 1 + 8 blocks x 2 + 3 shortcuts
-
-
-def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-6) -> None:
-    """max |a - b| <= tol, relative to b's scale when that is above 1 (float32 sums of many terms)."""
-    a, b = a.detach().double(), b.detach().double()
-    scale = max(1.0, b.abs().max().item()) if b.numel() else 1.0
-    diff = (a - b).abs().max().item() if b.numel() else 0.0
-    assert diff <= tol * scale, f"max abs diff {diff:.3g} > {tol:g} x {scale:.3g}"
-
-
-def _randomise_affine(bn: nn.Module, seed: int = 0) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        if getattr(bn, "weight", None) is not None:
-            bn.weight.copy_(torch.rand(bn.weight.shape, generator=g) * 1.5 + 0.5)
-            bn.bias.copy_(torch.rand(bn.bias.shape, generator=g) * 2 - 1)
-
 
 CASES = [
     (nn.BatchNorm1d, (7, 4), {}),
@@ -59,7 +41,7 @@ CASES = [
 def test_world_size_one_equals_batchnorm(cls, shape, kwargs):
     """No process group: forward, backward, running stats and the step count are nn.BatchNorm's."""
     ref = cls(shape[1], **kwargs)
-    _randomise_affine(ref)
+    randomise_affine(ref)
     mine = to_cpu_sync_batchnorm(copy.deepcopy(ref))
     assert isinstance(mine, CpuSyncBatchNorm)
     g = torch.Generator().manual_seed(1)
@@ -70,18 +52,18 @@ def test_world_size_one_equals_batchnorm(cls, shape, kwargs):
         ya, yb = ref(xa), mine(xb)
         (ya * w).sum().backward()
         (yb * w).sum().backward()
-        _close(yb, ya)
-        _close(xb.grad, xa.grad)
+        assert_close(yb, ya)
+        assert_close(xb.grad, xa.grad)
     for pa, pb in zip(ref.parameters(), mine.parameters(), strict=True):
-        _close(pb.grad, pa.grad)
+        assert_close(pb.grad, pa.grad)
     for (name, ba), (_, bb) in zip(ref.named_buffers(), mine.named_buffers(), strict=True):
         assert ba.dtype == bb.dtype, name
-        _close(bb, ba)
+        assert_close(bb, ba)
     if ref.track_running_stats:
         assert int(mine.num_batches_tracked) == int(ref.num_batches_tracked) == 3
     ref.eval(), mine.eval()
     x = torch.randn(shape, generator=g)
-    _close(mine(x), ref(x))
+    assert_close(mine(x), ref(x))
 
 
 def test_bf16_autocast_matches_batchnorm():
@@ -98,7 +80,7 @@ def test_bf16_autocast_matches_batchnorm():
     (yb.float() * w).sum().backward()
     assert xb.grad.dtype == torch.bfloat16 and mine.weight.grad.dtype == torch.float32
     assert (xa.grad.float() - xb.grad.float()).abs().max().item() <= 0.05
-    _close(mine.running_mean, ref.running_mean, 1e-3)
+    assert_close(mine.running_mean, ref.running_mean, 1e-3)
 
 
 def test_state_dict_keys_are_batchnorms_and_load_both_ways():

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers_weights import compiled_pt, dataparallel_pkl, seeded_model
 from safetensors.torch import save_file
 from torch import nn
 
@@ -24,18 +25,11 @@ from accel_train.checkpoint.weights import (
     unwrap_state_dict,
 )
 from accel_train.errors import CheckpointError, UserError
-from accel_train.models import create_model
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 X = torch.randn(3, 1, 28, 28, generator=torch.Generator().manual_seed(1))
-
-
-def _model(name: str = "lenet", seed: int = 0, **sizes) -> nn.Module:
-    torch.manual_seed(seed)
-    sizes = {"num_classes": 10, "in_channels": 1, "image_size": 28, **sizes}
-    return create_model(name, **sizes).eval()
 
 
 def _assert_same_outputs(original: nn.Module, loaded: nn.Module) -> None:
@@ -56,21 +50,9 @@ def _optimizer_state(model: nn.Module) -> dict:
     return opt.state_dict()
 
 
-def _dataparallel_pkl(model, d):  # seed 000: torch.save(model.state_dict(), "model_parameter.pkl") under DP
-    torch.save(nn.DataParallel(model).state_dict(), d / "model_parameter.pkl")
-    return d / "model_parameter.pkl"
-
-
 def _ddp_pth(model, d):  # seed 002: rank 0 saves the DDP model's state dict
     torch.save(_prefixed(model.state_dict(), "module."), d / "ddp.pth")
     return d / "ddp.pth"
-
-
-def _compiled_pt(model, d):  # torch.compile wrapper (not called, so nothing compiles)
-    sd = torch.compile(model).state_dict()
-    assert all(k.startswith("_orig_mod.") for k in sd)
-    torch.save(sd, d / "compiled.pt")
-    return d / "compiled.pt"
 
 
 def _dp_of_compiled(model, d):
@@ -117,7 +99,7 @@ def _accelerate_dir(model, d):
     out = d / "accel_state"
     out.mkdir()
     save_file(model.state_dict(), out / "model.safetensors", metadata={"format": "pt"})
-    torch.save(_optimizer_state(_model(seed=5)), out / "optimizer.bin")
+    torch.save(_optimizer_state(seeded_model(seed=5)), out / "optimizer.bin")
     (out / "scheduler.bin").write_bytes(b"not read")
     return out
 
@@ -172,9 +154,9 @@ def _sharded_safetensors(model, d):
 
 
 WRITERS = [
-    _dataparallel_pkl,
+    dataparallel_pkl,
     _ddp_pth,
-    _compiled_pt,
+    compiled_pt,
     _dp_of_compiled,
     _compiled_of_dp,
     _epoch_wrapper,
@@ -192,9 +174,9 @@ WRITERS = [
 
 @pytest.mark.parametrize("writer", WRITERS, ids=lambda w: w.__name__.strip("_"))
 def test_foreign_weights_load_into_plain_model(tmp_path, writer):
-    original = _model(seed=0)
+    original = seeded_model(seed=0)
     source = writer(original, tmp_path)
-    fresh = _model(seed=1)
+    fresh = seeded_model(seed=1)
     meta = load_weights(fresh, source)
     _assert_same_outputs(original, fresh)
     assert meta["missing_keys"] == [] and meta["unexpected_keys"] == []
@@ -205,16 +187,16 @@ def test_foreign_weights_load_into_plain_model(tmp_path, writer):
 
 
 def test_mnist_cnn_dataparallel_pickle(tmp_path):
-    original = _model("mnist_cnn", seed=0)
-    source = _dataparallel_pkl(original, tmp_path)
-    fresh = _model("mnist_cnn", seed=1)
+    original = seeded_model("mnist_cnn", seed=0)
+    source = dataparallel_pkl(original, tmp_path)
+    fresh = seeded_model("mnist_cnn", seed=1)
     meta = load_weights(fresh, source)
     assert meta["prefixes"] == ["module."]
     _assert_same_outputs(original, fresh)
 
 
 def test_prefixes_reported_in_order(tmp_path):
-    original = _model()
+    original = seeded_model()
     _, meta = read_state_dict(_dp_of_compiled(original, tmp_path))
     assert meta["prefixes"] == ["module.", "_orig_mod."]
     _, meta = read_state_dict(_compiled_of_dp(original, tmp_path))
@@ -226,12 +208,12 @@ def test_prefixes_reported_in_order(tmp_path):
 
 
 def test_load_into_wrapped_models(tmp_path):
-    original = _model()
+    original = seeded_model()
     source = _ddp_pth(original, tmp_path)
-    fresh = _model(seed=1)
+    fresh = seeded_model(seed=1)
     load_weights(nn.DataParallel(fresh), source)
     _assert_same_outputs(original, fresh)
-    fresh = _model(seed=2)
+    fresh = seeded_model(seed=2)
     load_weights(torch.compile(fresh), source)  # the compiled wrapper is never called
     _assert_same_outputs(original, fresh)
 
@@ -247,13 +229,13 @@ def test_model_with_a_child_named_module(tmp_path):
         def forward(self, x):
             return self.module(x)
 
-    original = Holder(_model(seed=0)).eval()
+    original = Holder(seeded_model(seed=0)).eval()
     torch.save(original.state_dict(), tmp_path / "holder.pt")
-    fresh = Holder(_model(seed=1))
+    fresh = Holder(seeded_model(seed=1))
     meta = load_weights(fresh, tmp_path / "holder.pt")
     assert meta["prefixes"] == []
     _assert_same_outputs(original, fresh)
-    plain = _model(seed=3)  # ... while a plain model gets them stripped
+    plain = seeded_model(seed=3)  # ... while a plain model gets them stripped
     load_weights(plain, tmp_path / "holder.pt")
     _assert_same_outputs(original, plain)
 
@@ -268,7 +250,7 @@ def test_unwrap_state_dict_uniform_and_mixed():
 
 
 def test_mixed_prefixes_are_reported_and_still_load(tmp_path):
-    original = _model()
+    original = seeded_model()
     sd = original.state_dict()
     keys = list(sd)
     mixed = {("module." + k if i % 2 else k): v for i, (k, v) in enumerate(sd.items())}
@@ -276,7 +258,7 @@ def test_mixed_prefixes_are_reported_and_still_load(tmp_path):
     torch.save(mixed, tmp_path / "mixed.pt")
     _, meta = read_state_dict(tmp_path / "mixed.pt")
     assert meta["mixed_prefixes"] == ["module."]
-    fresh = _model(seed=1)
+    fresh = seeded_model(seed=1)
     load_weights(fresh, tmp_path / "mixed.pt")
     _assert_same_outputs(original, fresh)
     assert len(keys) == len(mixed)
@@ -295,9 +277,9 @@ class _TouchMarker:
 def test_malicious_pickle_is_refused_and_never_runs(tmp_path):
     marker = tmp_path / "MARKER"
     evil = tmp_path / "evil.pt"
-    torch.save({"state_dict": _model().state_dict(), "payload": _TouchMarker(marker)}, evil)
+    torch.save({"state_dict": seeded_model().state_dict(), "payload": _TouchMarker(marker)}, evil)
     with pytest.raises(CheckpointError, match="refused") as info:
-        load_weights(_model(), evil)
+        load_weights(seeded_model(), evil)
     assert "arbitrary code" in str(info.value) and "weights_only=False" in str(info.value)
     assert "\n" not in str(info.value)
     with pytest.raises(CheckpointError, match="refused"):
@@ -312,34 +294,34 @@ def test_malicious_pickle_is_refused_and_never_runs(tmp_path):
 
 
 def test_malicious_pickle_in_accelerate_dir_is_never_touched(tmp_path):
-    source = _accelerate_dir(_model(), tmp_path)
+    source = _accelerate_dir(seeded_model(), tmp_path)
     marker = tmp_path / "MARKER"
     torch.save({"rng": _TouchMarker(marker)}, source / "random_states_0.pkl")
     torch.save({"x": _TouchMarker(marker)}, source / "custom_checkpoint_0.pkl")
-    load_weights(_model(seed=1), source)
+    load_weights(seeded_model(seed=1), source)
     inspect_checkpoint(source)
     assert not marker.exists()
 
 
 def test_pickled_whole_module_is_refused(tmp_path):
-    torch.save(_model(), tmp_path / "whole.pt")
+    torch.save(seeded_model(), tmp_path / "whole.pt")
     with pytest.raises(CheckpointError, match="refused") as info:
-        load_weights(_model(), tmp_path / "whole.pt")
+        load_weights(seeded_model(), tmp_path / "whole.pt")
     message = str(info.value)
     assert "LeNet" in message and "state_dict()" in message and "clean.pt" in message
 
 
 def test_truncated_file(tmp_path):
-    torch.save(_model().state_dict(), tmp_path / "full.pt")
+    torch.save(seeded_model().state_dict(), tmp_path / "full.pt")
     data = (tmp_path / "full.pt").read_bytes()
     (tmp_path / "half.pt").write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="truncated") as info:
-        load_weights(_model(), tmp_path / "half.pt")
+        load_weights(seeded_model(), tmp_path / "half.pt")
     assert "half.pt" in str(info.value)
 
 
 def test_truncated_safetensors_and_empty_file(tmp_path):
-    export = export_weights(_model(), tmp_path / "export", None)
+    export = export_weights(seeded_model(), tmp_path / "export", None)
     data = export.read_bytes()
     export.write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="truncated"):
@@ -355,11 +337,11 @@ def test_empty_directory_and_missing_path(tmp_path):
         read_state_dict(tmp_path / "empty")
     assert "model.safetensors" in str(info.value) and "pytorch_model.bin" in str(info.value)
     with pytest.raises(CheckpointError, match="does not exist"):
-        load_weights(_model(), tmp_path / "nope.pt")
+        load_weights(seeded_model(), tmp_path / "nope.pt")
 
 
 def test_directory_of_checkpoints_points_to_subdirectories(tmp_path):
-    export_weights(_model(), tmp_path / "runs" / "checkpoint_3", None)
+    export_weights(seeded_model(), tmp_path / "runs" / "checkpoint_3", None)
     with pytest.raises(CheckpointError, match="checkpoint_3"):
         read_state_dict(tmp_path / "runs")
 
@@ -371,9 +353,9 @@ def test_file_without_state_dict(tmp_path):
 
 
 def test_another_architecture(tmp_path):
-    torch.save(_model("resnet18").state_dict(), tmp_path / "resnet.pt")
+    torch.save(seeded_model("resnet18").state_dict(), tmp_path / "resnet.pt")
     with pytest.raises(CheckpointError) as info:
-        load_weights(_model("lenet"), tmp_path / "resnet.pt")
+        load_weights(seeded_model("lenet"), tmp_path / "resnet.pt")
     message = str(info.value)
     assert "missing keys: net.0.weight" in message
     assert "unexpected keys: stem.0.weight" in message
@@ -381,26 +363,26 @@ def test_another_architecture(tmp_path):
 
 
 def test_other_num_classes_and_in_channels(tmp_path):
-    torch.save(_model(num_classes=5).state_dict(), tmp_path / "five.pt")
+    torch.save(seeded_model(num_classes=5).state_dict(), tmp_path / "five.pt")
     with pytest.raises(CheckpointError, match="num_classes") as info:
-        load_weights(_model(), tmp_path / "five.pt")
+        load_weights(seeded_model(), tmp_path / "five.pt")
     assert "net.9.weight" in str(info.value) and "in_channels" not in str(info.value)
-    torch.save(_model(in_channels=3).state_dict(), tmp_path / "rgb.pt")
+    torch.save(seeded_model(in_channels=3).state_dict(), tmp_path / "rgb.pt")
     with pytest.raises(CheckpointError, match="in_channels"):
-        load_weights(_model(), tmp_path / "rgb.pt")
+        load_weights(seeded_model(), tmp_path / "rgb.pt")
 
 
 def test_non_strict_loads_what_fits(tmp_path):
-    original = _model(num_classes=5)
+    original = seeded_model(num_classes=5)
     torch.save(original.state_dict(), tmp_path / "five.pt")
-    fresh = _model(seed=1)
+    fresh = seeded_model(seed=1)
     meta = load_weights(fresh, tmp_path / "five.pt", strict=False)
     assert meta["mismatched_keys"] == ["net.9.weight", "net.9.bias"]
     assert torch.equal(fresh.net[0].weight, original.net[0].weight)
 
 
 def test_export_and_load_model_round_trip(tmp_path):
-    original = _model()
+    original = seeded_model()
     config = {
         "model": "lenet",
         "num_classes": 10,
@@ -425,7 +407,7 @@ def test_export_and_load_model_round_trip(tmp_path):
 
 
 def test_load_model_from_checkpoint_dir_progress_json(tmp_path):
-    original = _model("mnist_cnn", num_classes=4)
+    original = seeded_model("mnist_cnn", num_classes=4)
     ckpt = _accelerate_dir(original, tmp_path)
     config = {"model": "mnist_cnn", "num_classes": 4, "in_channels": 1, "image_size": 28}
     (ckpt / "progress.json").write_text(json.dumps({"epoch": 2, "step": 10, "model_config": config}))
@@ -435,8 +417,8 @@ def test_load_model_from_checkpoint_dir_progress_json(tmp_path):
 
 
 def test_load_model_needs_a_name_without_config(tmp_path):
-    original = _model(num_classes=7)
-    source = _dataparallel_pkl(original, tmp_path)
+    original = seeded_model(num_classes=7)
+    source = dataparallel_pkl(original, tmp_path)
     with pytest.raises(CheckpointError, match="model name"):
         load_model(source)
     model, config = load_model(source, "lenet")  # sizes guessed from the weights
@@ -452,24 +434,24 @@ def test_load_weights_takes_the_model_first_as_torch_does(tmp_path):
 
     import accel_train
 
-    original = _model()
+    original = seeded_model()
     path = export_weights(original, tmp_path / "out", {"model": "lenet"})
     for source in (tmp_path / "out", str(path), original.state_dict()):
-        fresh = _model(seed=1)
+        fresh = seeded_model(seed=1)
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # the new order warns about nothing
             meta = load_weights(fresh, source, strict=True)
         assert meta["missing_keys"] == [] and meta["unexpected_keys"] == []
         _assert_same_outputs(original, fresh)
-    fresh = _model(seed=1)
+    fresh = seeded_model(seed=1)
     accel_train.load_weights(model=fresh, source=path)  # the package's own name, by keyword
     _assert_same_outputs(original, fresh)
 
 
 def test_load_weights_old_order_still_loads_with_a_deprecation_warning(tmp_path):
-    original = _model()
+    original = seeded_model()
     path = export_weights(original, tmp_path / "out", None)
-    fresh = _model(seed=1)
+    fresh = seeded_model(seed=1)
     with pytest.warns(
         DeprecationWarning, match=r"load_weights\(source, model\) is deprecated: call load_weights\(model, source\)"
     ) as caught:
@@ -480,20 +462,20 @@ def test_load_weights_old_order_still_loads_with_a_deprecation_warning(tmp_path)
 
 
 def test_load_weights_arguments_of_the_wrong_kind_say_what_to_do(tmp_path):
-    path = export_weights(_model(), tmp_path / "out", None)
+    path = export_weights(seeded_model(), tmp_path / "out", None)
     for bad in ((path, str(path)), ({"a": torch.zeros(1)}, path)):
         with pytest.raises(UserError, match=r"needs an nn\.Module first, got a \w+: load_weights\(model, path\)"):
             load_weights(*bad)
-    for source in (42, None, _model()):
+    for source in (42, None, seeded_model()):
         with pytest.raises(UserError, match=r"needs a weights path or a state dict as source, got a \w+"):
-            load_weights(_model(), source)
+            load_weights(seeded_model(), source)
 
 
 def test_load_model_returns_a_named_tuple(tmp_path):
     import accel_train
     from accel_train.checkpoint import LoadedModel
 
-    original = _model(num_classes=4)
+    original = seeded_model(num_classes=4)
     config = {"model": "lenet", "num_classes": 4, "in_channels": 1, "image_size": 28}
     export_weights(original, tmp_path / "out", config)
     loaded = accel_train.load_model(tmp_path / "out")
@@ -524,15 +506,15 @@ def test_export_handles_tied_and_non_contiguous_tensors(tmp_path):
 
 
 def test_export_without_config_removes_stale_config(tmp_path):
-    export_weights(_model(), tmp_path / "out", {"model": "lenet"})
-    export_weights(_model("mnist_cnn"), tmp_path / "out", None)
+    export_weights(seeded_model(), tmp_path / "out", {"model": "lenet"})
+    export_weights(seeded_model("mnist_cnn"), tmp_path / "out", None)
     assert not (tmp_path / "out" / "config.json").exists()
     assert not [p for p in (tmp_path / "out").iterdir() if p.name.endswith(".tmp")]
 
 
 def test_inspect_checkpoint_fields(tmp_path):
-    original = _model()
-    source = _dataparallel_pkl(original, tmp_path)
+    original = seeded_model()
+    source = dataparallel_pkl(original, tmp_path)
     info = inspect_checkpoint(source)
     assert info["format"] == "torch" and info["kind"] == "file"
     assert info["path"] == str(source.resolve()) and info["files"] == [str(source.resolve())]
@@ -544,7 +526,7 @@ def test_inspect_checkpoint_fields(tmp_path):
     assert info["model_config"] is None
     json.dumps(info)
 
-    resnet = _model("resnet18")
+    resnet = seeded_model("resnet18")
     export_weights(resnet, tmp_path / "res", {"model": "resnet18", "num_classes": 10})
     info = inspect_checkpoint(tmp_path / "res")
     assert info["format"] == "safetensors" and info["kind"] == "export"

@@ -14,17 +14,12 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from helpers_yaml_safety import billion_laughs, write
 
 from accel_train.cli import run_main
 from accel_train.config import TrainConfig, parse_config
 from accel_train.config_yaml import YAML_MAX_BYTES, load_yaml_config
 from accel_train.errors import UserError
-
-
-def write(tmp_path: Path, text: str, name: str = "hp.yaml") -> Path:
-    path = tmp_path / name
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 def refused(path: Path, *needles: str) -> str:
@@ -37,20 +32,6 @@ def refused(path: Path, *needles: str) -> str:
     for needle in needles:
         assert needle in message, f"{needle!r} missing from: {message}"
     return message
-
-
-def billion_laughs(levels: int = 9, final_key: str | None = None, key: str | None = None) -> str:
-    """A "billion laughs" document: anchor i is a list of 9 aliases to anchor i-1 (9**levels strings).
-
-    ``key`` puts every anchor on that same (repeated) key; ``final_key`` adds ``final_key: [*last x 9]``.
-    """
-    names = [chr(ord("a") + i) for i in range(levels)]
-    lines = [f"{key or names[0]}: &{names[0]} [" + ", ".join(['"lol"'] * 9) + "]"]
-    for prev, cur in zip(names[:-1], names[1:], strict=True):
-        lines.append(f"{key or cur}: &{cur} [" + ", ".join([f"*{prev}"] * 9) + "]")
-    if final_key:
-        lines.append(f"{final_key}: [" + ", ".join([f"*{names[-1]}"] * 9) + "]")
-    return "\n".join(lines) + "\n"
 
 
 def test_duplicate_top_level_key_refused(tmp_path):
