@@ -77,3 +77,23 @@ def test_plot_runs_keeps_steps_for_one_global_batch_and_refuses_unknown_batches(
     raises_user_error(lambda: plot_runs([same[0], unknown], tmp_path / "x.png", x="samples"), "--x samples", "--x step")
     plot_runs([same[0], unknown], tmp_path / "x.png")  # auto: one known batch does not differ, so steps
     assert train_loss_axis(figures[-1])[0].startswith("optimizer step")
+
+
+def test_a_loss_over_decades_is_drawn_on_a_log_axis_labelled_in_plain_numbers(tmp_path, figures):
+    """Loss from 2.3 down to 0.004 goes on a log axis whose decades read 0.01, 0.1, 1 (no mathtext, whose parser
+    cost the default run half a second); a loss within 50x stays linear."""
+    import json
+
+    for name, losses in (("decades", [2.3, 0.5, 0.05, 0.004]), ("narrow", [2.3, 1.5, 0.9, 0.6])):
+        run = tmp_path / name
+        run.mkdir()
+        lines = [{"event": "train", "step": 10 * (i + 1), "loss": v} for i, v in enumerate(losses)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+        plot_curves(run)
+    wide, narrow = (fig.axes[0] for fig in figures)
+    assert wide.get_yscale() == "log" and narrow.get_yscale() == "linear"
+    figures[0].canvas.draw()
+    labels = [t.get_text() for t in wide.get_yticklabels() if t.get_text()]
+    assert {"0.01", "0.1", "1"} <= set(labels), labels
+    assert not any("$" in text for text in labels)
+    assert not any(t.get_text() for t in wide.yaxis.get_minorticklabels())
