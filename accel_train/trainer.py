@@ -103,7 +103,6 @@ class Trainer:
     window: Window | None = None
     stop_signal: int | None = None
     last_saved: tuple[int, int] | None = None
-    last_eval_step: int | None = None
     saves: int = 0  # checkpoints this run (attempt) has saved
     exit_code: int = 0  # of a stop: 128 + the signal that stopped the run (any rank's), 0 for --stop-at-step
     _watchdog: list[threading.Timer] = field(default_factory=list)
@@ -143,7 +142,8 @@ class Trainer:
                 if state.step_in_epoch >= self.steps_per_epoch:  # the epoch is complete
                     state.epoch += 1
                     state.step_in_epoch = 0
-                    early = self._evaluate_in_training()
+                    # --eval-every may have evaluated this very step (the same weights): once is enough
+                    early = self._evaluate_in_training() if state.last_eval_step != state.global_step else None
                     self.logger.event("epoch", state.global_step, state.epoch)
                     if early:
                         raise StopTraining(early, final=True)
@@ -386,7 +386,7 @@ class Trainer:
         values = {k: v for k, v in result.items() if k != "confusion"}
         values["train_time_s"] = self.timer.train_s  # training only: no start-up, evaluations or checkpoints
         self.logger.log("eval", state.global_step, self._step_epoch(), values)
-        self.last_eval_step = state.global_step
+        state.last_eval_step = state.global_step
         if state.best_metric is None or result["eval_accuracy"] > state.best_metric:
             state.best_metric, state.best_step = result["eval_accuracy"], state.global_step
             self.export(self.run_dir / BEST)
@@ -429,7 +429,7 @@ class Trainer:
         state, acc, rt, plan = self.state, self.acc, self.rt, self.plan
         final = self.evaluate(with_confusion=True)
         self._settle_fp16_skips()
-        if self.last_eval_step != state.global_step:  # else the epoch-end eval at this step is already logged
+        if state.last_eval_step != state.global_step:  # else the evaluation of this step is already logged
             self.log_eval(final)
         self.export(self.run_dir / MODEL)
         if rt.is_main:

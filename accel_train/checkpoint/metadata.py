@@ -89,8 +89,9 @@ def check_progress(data: Any, where: str) -> dict:
         check.integer(state, key, 0, prefix="state.")
     if state.get("best_metric") is not None and not is_number(state["best_metric"]):
         check.fail("state.best_metric", f"must be a finite number or null, got {shown(state['best_metric'])}")
-    if state.get("best_step") is not None:
-        check.integer(state, "best_step", 0, prefix="state.")
+    for key in ("best_step", "last_eval_step"):
+        if state.get(key) is not None:
+            check.integer(state, key, 0, prefix="state.")
     check.mapping(state, "extra")
     check.mapping(data, "scheduler")
     resolved = check.mapping(data, "resolved")

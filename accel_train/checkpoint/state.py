@@ -54,6 +54,7 @@ class TrainState:
     samples_seen: int = 0
     best_metric: float | None = None
     best_step: int | None = None
+    last_eval_step: int | None = None  # evaluated in training: an epoch's end at that step does not evaluate again
     nonfinite_skipped: int = 0
     fp16_skipped_steps: int = 0  # optimizer steps the fp16 loss scaler skipped (inf/NaN gradients)
     extra: dict[str, Any] = field(default_factory=dict)

@@ -441,6 +441,11 @@ PROGRESS_CASES = [
         ["state.global_step must be an integer >= 0"],
     ),
     ("best-metric-nan", lambda p: p["state"].update(best_metric=float("nan")), ["state.best_metric must be a finite"]),
+    (
+        "last-eval-step-string",
+        lambda p: p["state"].update(last_eval_step="4"),
+        ["state.last_eval_step must be an integer"],
+    ),
     ("scheduler-list", lambda p: p.update(scheduler=[1, 2]), ["scheduler must be a JSON object, got [1, 2]"]),
     ("config-seed", lambda p: p["config"].update(seed=-1), ["config is invalid (--seed must be between 0"]),
     ("config-lr-string", lambda p: p["config"].update(lr="fast"), ["config.lr must be float, got 'fast'"]),

@@ -39,3 +39,22 @@ def test_train_eval_and_checkpoint_records_agree_on_the_epoch(tmp_path):
         assert r["epoch"] == (r["step"] - 1) // 4, r
     epoch_ends = [r for r in records if r["event"] == "epoch"]
     assert [(r["step"], r["epoch"]) for r in epoch_ends] == [(4, 1), (8, 2)]  # epochs completed
+
+
+def test_a_step_that_ends_an_epoch_on_the_eval_every_schedule_is_evaluated_once_even_across_a_resume(tmp_path):
+    """--eval-every 2 with 4 steps per epoch: steps 2, 4, 6, 8 each have one eval record (the epoch's end at step 4
+    and 8 is the same model as the scheduled evaluation there), also when the run stops at step 4 right after its
+    checkpoint and resumes: the evaluated step travels in progress.json."""
+    out = tmp_path / "run"
+    _fit(out, "--epochs", "2", "--eval-every", "2")
+    steps = [r["step"] for r in _records(out) if r["event"] == "eval"]
+    assert steps == [2, 4, 6, 8], steps
+
+    resumed = tmp_path / "resumed"
+    args = ("--epochs", "2", "--eval-every", "2", "--checkpoint-every", "4", "--no-checkpoint-epochs")
+    _fit(resumed, *args, "--stop-at-step", "4")
+    progress = json.loads((resumed / "checkpoints" / "step_00000004" / "progress.json").read_text())
+    assert progress["state"]["last_eval_step"] == 4
+    _fit(resumed, *args, "--resume", "auto")
+    steps = [r["step"] for r in _records(resumed) if r["event"] == "eval"]
+    assert steps == [2, 4, 6, 8], steps
