@@ -14,12 +14,14 @@ refused, the tests skip and say why.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import getpass
 import os
 import re
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -61,9 +63,14 @@ def _install_slurm() -> str | None:
     if not shutil.which("apt-get"):
         return "Slurm is not installed and there is no apt-get to install it"
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    done = subprocess.run(
-        ["apt-get", "install", "-y", "slurm-wlm", "munge"], env=env, capture_output=True, text=True, timeout=900
-    )
+    # Two xdist workers set up their clusters at once: without the lock the second apt-get found dpkg's lock taken
+    # and its tests were skipped, so CI passed with Slurm untested. The second waits, then finds Slurm installed.
+    with open(Path(tempfile.gettempdir()) / "accel_train_slurm_install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if all(shutil.which(tool) for tool in ("slurmctld", "slurmd", "munged", "sbatch")):
+            return None
+        cmd = ["apt-get", "-o", "DPkg::Lock::Timeout=600", "install", "-y", "slurm-wlm", "munge"]  # and others' apt
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         return f"apt-get install slurm-wlm munge failed: {(done.stderr or done.stdout).strip()[-300:]}"
     return None
