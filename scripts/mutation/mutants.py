@@ -203,6 +203,11 @@ MUTANTS: tuple[Mutant, ...] = (
        "accuracy > self.best + self.min_delta", "accuracy > self.best",
        "tests/integration/test_features_runs.py::test_early_stopping_stops_cleanly_and_resumes_to_the_same_step",
        "tests/unit/test_features.py::test_early_stopping_counts_each_step_once_and_refuses_a_corrupt_state"),
+    _m("epoch-end-evaluates-the-same-step-again", "best and early stopping", "trainer.py",
+       "early = self._evaluate_in_training() if state.last_eval_step != state.global_step else None",
+       "early = self._evaluate_in_training()",
+       "tests/integration/test_train_records.py::"
+       "test_a_step_that_ends_an_epoch_on_the_eval_every_schedule_is_evaluated_once_even_across_a_resume"),
     # ---- retention -------------------------------------------------------------------------------------------------
     _m("keep-last-keeps-one-more", "retention", "checkpoint/state.py",
        "ckpts[: max(0, len(ckpts) - keep_last)]", "ckpts[: max(0, len(ckpts) - keep_last - 1)]",
