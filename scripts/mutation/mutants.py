@@ -148,6 +148,10 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("overwrite-takes-a-foreign-folder", "run-folder replacement", "run_dir.py",
        "if present and not self.holds_run():", "if present and not overwrite and not self.holds_run():",
        "tests/integration/test_run_folder_runs.py::test_roots_home_and_foreign_folders_are_refused"),
+    _m("run-lock-never-refuses", "run-folder replacement", "run_lock.py",
+       "        except BlockingIOError:\n            os.close(fd)\n            raise self._busy(info) from None\n",
+       "        except BlockingIOError:\n            pass\n",
+       "tests/integration/test_run_integrity.py::test_two_overwrite_runs_at_once_leave_one_whole_run"),
     # ---- safe loading ----------------------------------------------------------------------------------------------
     _m("weights-reader-unpickles-code", "safe loading", "checkpoint/sources.py",
        'return torch.load(path, map_location="cpu", weights_only=True)',

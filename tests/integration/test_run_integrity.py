@@ -35,9 +35,10 @@ def _train(out: Path, *args: str) -> None:
     check(run_here("train.py", *FIVE, "--output-dir", str(out), *args))
 
 
-def _start(out: Path, *args: str) -> subprocess.Popen:
+def _start(out: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     cmd = launch_cmd("train.py", *SMALL_RUN, "--output-dir", str(out), *args)
-    return subprocess.Popen(cmd, cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = child_env(env)
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _kill_when(proc: subprocess.Popen, ready, timeout: float = 240) -> None:
@@ -98,10 +99,44 @@ def test_after_a_killed_overwrite_a_plain_run_is_refused_and_touches_nothing(tmp
 
 
 # ---- finding 2: two --overwrite runs started at once ---------------------------------------------------------
+# LeNet whose training forward waits for the file $GATE: the run that wins the folder holds it at its first step.
+GATED_MODEL = """
+import os, time
+from accel_train.models.lenet import LeNet
+
+class GatedLeNet(LeNet):
+    def forward(self, x):
+        if self.training and not os.path.exists(os.environ["GATE"]):
+            open(f"{os.environ['GATE']}.waiting.{os.getpid()}", "w").close()  # this run holds the folder
+        while self.training and not os.path.exists(os.environ["GATE"]):
+            time.sleep(0.01)
+        return super().forward(x)
+"""
+
+
 def test_two_overwrite_runs_at_once_leave_one_whole_run(tmp_path):
-    run = tmp_path / "R"
+    """Both start at once and race for the folder; the winner waits at its first step until the loser has been
+    refused, so the two always overlap (without the gate, a winner that finished before the loser looked, on a
+    busy machine, let the loser replace it legitimately: a flaky test, not a finding)."""
+    run, models, gate = tmp_path / "R", tmp_path / "models", tmp_path / "gate"
     _train(run, "--max-steps", "4")
-    procs = [_start(run, "--overwrite", "--max-steps", str(n), "--checkpoint-every", "100") for n in (30, 40)]
+    models.mkdir()
+    (models / "gated_lenet.py").write_text(GATED_MODEL)
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO), str(models)]), "GATE": str(gate)}
+    args = ("--overwrite", "--checkpoint-every", "100", "--model", "gated_lenet:GatedLeNet")
+    procs = [_start(run, *args, "--max-steps", str(n), env=env) for n in (30, 40)]
+    deadline = time.time() + 300
+    try:
+        while all(p.poll() is None for p in procs):  # one of them is refused while the other waits at the gate
+            assert len(list(tmp_path.glob("gate.waiting.*"))) < 2, "both runs passed the lock: one folder, two runs"
+            assert time.time() < deadline, "neither run ended, and neither was refused"
+            time.sleep(0.05)
+    except AssertionError:
+        for p in procs:  # both wait at the gate: end them with the test
+            p.kill()
+            p.communicate()
+        raise
+    gate.write_text("")
     results = [(p.wait(timeout=300), *p.communicate()) for p in procs]
     codes = sorted(code for code, _, _ in results)
     assert codes == [0, 2], [(c, err[-1500:]) for c, _, err in results]
