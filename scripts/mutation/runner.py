@@ -164,6 +164,7 @@ def run_pytest(copy: Path, repo: Path, tests: list[str], timeout: float, log: Pa
             _RUNNING.add(proc)
         try:
             code: int | None = proc.wait(timeout=timeout)
+            _kill(proc)  # a mutant's test may fail with its children still running (blocked ranks): end them too
         except subprocess.TimeoutExpired:
             _kill(proc)
             code = None
