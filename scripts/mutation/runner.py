@@ -162,13 +162,13 @@ def run_pytest(copy: Path, repo: Path, tests: list[str], timeout: float, log: Pa
         )
         with _RUNNING_LOCK:
             _RUNNING.add(proc)
+        code: int | None = None
         try:
-            code: int | None = proc.wait(timeout=timeout)
-            _kill(proc)  # a mutant's test may fail with its children still running (blocked ranks): end them too
+            code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _kill(proc)
-            code = None
+            pass
         finally:
+            _kill(proc)  # on a timeout, and after a failing test whose children still run (blocked ranks)
             with _RUNNING_LOCK:
                 _RUNNING.discard(proc)
     seconds = time.perf_counter() - start

@@ -54,9 +54,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _slurm_here() -> bool:
+    return all(shutil.which(tool) for tool in ("slurmctld", "slurmd", "munged", "sbatch"))
+
+
 def _install_slurm() -> str | None:
     """None once slurmctld, slurmd, munged and sbatch are here (apt-get installs them as root); else why not."""
-    if all(shutil.which(tool) for tool in ("slurmctld", "slurmd", "munged", "sbatch")):
+    if _slurm_here():
         return None
     if os.geteuid() != 0:
         return "Slurm is not installed and installing it (apt-get install slurm-wlm munge) needs root"
@@ -67,7 +71,7 @@ def _install_slurm() -> str | None:
     # and its tests were skipped, so CI passed with Slurm untested. The second waits, then finds Slurm installed.
     with open(Path(tempfile.gettempdir()) / "accel_train_slurm_install.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if all(shutil.which(tool) for tool in ("slurmctld", "slurmd", "munged", "sbatch")):
+        if _slurm_here():
             return None
         cmd = ["apt-get", "-o", "DPkg::Lock::Timeout=600", "install", "-y", "slurm-wlm", "munge"]  # and others' apt
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
