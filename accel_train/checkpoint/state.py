@@ -72,8 +72,10 @@ def install_unwrapped_weight_hooks(accelerator) -> None:
     """Make ``save_state``/``load_state`` use unwrapped model keys on every setup."""
 
     def save_hook(models, weights, folder):
+        # contiguous: safetensors refuses strided tensors, and --channels-last (the default for conv models in
+        # bf16/fp16 on CUDA) leaves every 4-D weight in NHWC strides; loading copies back into the model's layout
         for i, sd in enumerate(weights):
-            weights[i] = {strip_key(k): v for k, v in sd.items()}
+            weights[i] = {strip_key(k): v.contiguous() for k, v in sd.items()}
 
     def load_hook(models, input_dir):
         from safetensors.torch import load_file

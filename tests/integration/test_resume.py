@@ -212,3 +212,26 @@ def test_evaluate_and_convert_scripts_end_to_end(tmp_path, capsys):
     # inspection
     assert convert.main([str(ckpt), "--json"]) in (0, None)
     assert json.loads(capsys.readouterr().out)["num_tensors"] > 0
+
+
+def test_channels_last_run_checkpoints_and_resumes_bitwise(tmp_path, capsys):
+    """--channels-last (the default for conv models in bf16/fp16 on CUDA) leaves every 4-D weight in NHWC strides,
+    which safetensors refuses to write: the first checkpoint of such a run crashed it. Checkpoints are written
+    contiguous and load back into the model's layout, so a stopped run resumes bit for bit, and the weights file
+    loads in a script of one's own."""
+    from accel_train.checkpoint.weights import load_model
+
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    data = ["--dataset", "synthetic", "--synthetic-size", "128", "--synthetic-test-size", "32", "--max-steps", "12"]
+    args = [*CNN, *data, "--channels-last", "--checkpoint-every", "3"]
+    fit_here(*args, "--output-dir", str(straight))
+    fit_here(*args, "--stop-at-step", "6", "--output-dir", str(resumed))
+    assert "stopped at step 6" in capsys.readouterr().out
+    fit_here(*args, "--resume", "auto", "--output-dir", str(resumed))
+    a, b = weights(straight), weights(resumed)
+    assert all((a[k] == b[k]).all() for k in a), f"max diff {max_abs_diff(a, b)}"
+    sa, sb = _train_series(straight), _train_series(resumed)
+    after = [k for k in sa if k[1] > 6]
+    assert after and all(sa[k] == sb[k] for k in after)
+    model = load_model(straight / "model").model
+    assert all((model.state_dict()[k] == a[k]).all() for k in a)
