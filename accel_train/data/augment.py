@@ -121,6 +121,15 @@ def crop_flip(cfg, size: int, padding: int, flip: bool) -> tuple[CropFlip, str]:
     return augment, augment.describe()
 
 
+def opt_in_crop(cfg, size: int, native: int = 28) -> tuple[CropFlip | None, str | None]:
+    """``--augment`` for the MNIST-like sources (mnist, fashion_mnist, digits, synthetic), off unless asked: a
+    random crop with MNIST's 2 pixels of padding at ``native`` size, scaled to ``size``, and no flip (a mirrored
+    digit is another digit or none). ``(None, None)`` without ``--augment``."""
+    if cfg.augment is not True:
+        return None, None
+    return crop_flip(cfg, size, max(1, round(2 * size / native)), flip=False)
+
+
 class Augmented:
     """Mixin for datasets with an optional :class:`KeyedAugment` in ``transform``.
 

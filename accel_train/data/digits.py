@@ -18,7 +18,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from accel_train.data.base import DataConfig, DatasetInfo, DataSplits, TensorImageDataset
+from accel_train.data.augment import opt_in_crop
+from accel_train.data.base import DataConfig, DatasetInfo, DataSplits
 from accel_train.errors import UserError
 
 DIGITS_TEST_FRACTION = 0.2
@@ -117,7 +118,8 @@ def build_digits(cfg: DataConfig) -> DataSplits:
         mean=(round(scaled.mean().item(), 4),),
         std=(round(scaled.std().item(), 4),),
     )
-    return DataSplits(TensorImageDataset(x_train, y_train), TensorImageDataset(x_test, y_test), info)
+    transform, augment = opt_in_crop(cfg, size)
+    return DataSplits.of_tensors((x_train, y_train), (x_test, y_test), info, transform, augment=augment)
 
 
 def write_split_file() -> None:

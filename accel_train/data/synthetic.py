@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from accel_train.data.base import DataConfig, DatasetInfo, DataSplits, TensorImageDataset
+from accel_train.data.augment import opt_in_crop
+from accel_train.data.base import DataConfig, DatasetInfo, DataSplits
 
 
 def make_synthetic(n: int, classes: int, channels: int, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,4 +36,5 @@ def build_synthetic(cfg: DataConfig) -> DataSplits:
         mean=(0.5,) * c,
         std=(0.25,) * c,
     )
-    return DataSplits(TensorImageDataset(x_train, y_train), TensorImageDataset(x_test, y_test), info)
+    transform, augment = opt_in_crop(cfg, size)
+    return DataSplits.of_tensors((x_train, y_train), (x_test, y_test), info, transform, augment=augment)

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from accel_train.data import DOWNLOAD_HINT
-from accel_train.data.augment import crop_flip
+from accel_train.data.augment import crop_flip, opt_in_crop
 from accel_train.data.base import (
     DataConfig,
     DatasetInfo,
@@ -234,9 +234,7 @@ def _build_idx(
     native = x_train.shape[-1]
     size = cfg.image_size or native
     x_train, x_test = resize_uint8(x_train, size), resize_uint8(x_test, size)
-    transform, augment = None, None
-    if cfg.augment is True:
-        transform, augment = crop_flip(cfg, size, _scaled_padding(2, native, size), flip=False)
+    transform, augment = opt_in_crop(cfg, size, native)
     info = DatasetInfo(
         name=name,
         num_classes=len(classes),

@@ -587,3 +587,23 @@ def test_digits_data_other_than_the_fingerprint_are_split_by_datasets(monkeypatc
     assert digits.digits_split(images, labels) == digits.reference_split(images, labels)
     digits.SPLIT_FILE.unlink()  # no file at all: the same
     assert digits.digits_split(images, labels) == digits.reference_split(images, labels)
+
+
+@pytest.mark.parametrize("dataset", ["digits", "synthetic"])
+def test_augment_crops_the_in_memory_sources_too(dataset):
+    """--augment on digits (the default dataset) and synthetic was silently ignored: the run trained on the same
+    images as without it. Now they crop as MNIST does (2 pixels at 28x28, no flip), training split only, keyed
+    on (seed, epoch, index) like every augmentation; without --augment nothing changes."""
+    size = 28 if dataset == "digits" else 16
+    plain = build_dataset(_cfg(dataset=dataset, synthetic_image_size=size))
+    aug = build_dataset(_cfg(dataset=dataset, synthetic_image_size=size, augment=True))
+    assert plain.extra.get("augment") is None and plain.train.transform is None
+    assert aug.extra["augment"] == f"random_crop({size}, padding={round(2 * size / 28)})"
+    assert aug.test.transform is None
+    aug.train.augment_seed = 0
+    indices = list(range(64))
+    raw, labels = plain.train.__getitems__(indices)
+    cropped, aug_labels = aug.train.__getitems__(indices)
+    assert torch.equal(labels, aug_labels) and cropped.shape == raw.shape and cropped.dtype == torch.uint8
+    assert not torch.equal(cropped, raw)
+    assert torch.equal(aug.train.__getitems__(indices)[0], cropped)  # keyed: the same batch again
