@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
-import gc
 import os
 import sys
 import traceback
@@ -11,6 +9,7 @@ from collections.abc import Callable, Sequence
 
 from accel_train.errors import AccelTrainError
 from accel_train.flags import ArgumentParser  # noqa: F401  (the commands' parser, with run_main)
+from accel_train.heap import one_command_process
 
 
 def _world_size() -> int:
@@ -52,25 +51,6 @@ def _unexpected(exc: Exception, debug: bool) -> int:
     return lost.exit_code
 
 
-_FREEZE_REGISTERED = False
-
-
-def _skip_the_last_collection() -> None:
-    """At exit, after every atexit handler (registered later, so run earlier: trackers' included), freeze the heap.
-
-    The interpreter's last garbage collection walks every object alive at exit; after an optimizer is made,
-    ``torch._dynamo`` and sympy hold millions, and that walk cost every command about 0.9 s here (a plain torch
-    script pays it too). Frozen objects are not walked: what is not in a reference cycle is still freed as the
-    modules are cleared, and what is in one is left to the operating system, as ``os._exit`` leaves everything
-    after a multi-process run (``runtime.finish_process``). Everything a command writes is closed and flushed
-    before ``main`` returns, and atexit handlers (logging's, trackers') still run. Registered once per process.
-    """
-    global _FREEZE_REGISTERED
-    if not _FREEZE_REGISTERED:
-        atexit.register(gc.freeze)
-        _FREEZE_REGISTERED = True
-
-
 def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None) -> None:
     """Run ``main(argv)`` and exit: user errors print one line (exit 2), ``--debug`` shows tracebacks.
 
@@ -79,7 +59,7 @@ def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
-    _skip_the_last_collection()
+    one_command_process()  # the collector's policy for a process that runs one command and exits (heap.py)
     try:
         code = main(argv) or 0
     except AccelTrainError as exc:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from accel_train.checkpoint.safe_load import PROGRESS_FILE
 from accel_train.checkpoint.state import read_progress, resolve_resume
 from accel_train.config import TrainConfig, check_saved_config
+from accel_train.heap import importing
 from accel_train.resume import finished_note, reconcile
 from accel_train.run_dir import SUMMARY, RunDir
 
@@ -57,11 +58,14 @@ def _fit(cfg: TrainConfig, run_dir: RunDir, t_launch: float, model, splits) -> d
         if os.environ.get("RANK", "0") == "0":
             print(finished, flush=True)
         return {"finished": True}
-    # torch, accelerate and the data libraries load only now: a refused folder or a finished run answers in
-    # well under a second instead of after seconds of imports
-    from accel_train.build import build_trainer
-    from accel_train.runtime import build_runtime
-    from accel_train.tracking import trackers_for
+    with importing():  # in a command's own process: no garbage collection while they load, then frozen
+        # torch's optimizers, accelerate and the data libraries load only now: a refused folder or a finished run
+        # answers without them
+        import torch._dynamo  # noqa: F401  (every torch.optim optimizer imports it when made)
+
+        from accel_train.build import build_trainer
+        from accel_train.runtime import build_runtime
+        from accel_train.tracking import trackers_for
 
     # a resumed run logs into the tracker runs its checkpoint names (MLflow's run, W&B's, ...), not into new ones
     resumed = read_progress(resume_path) if resume_path is not None else None

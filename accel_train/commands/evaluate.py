@@ -58,8 +58,13 @@ def main(argv=None):
     _check_outputs(args)  # before the weights, the data or torch are loaded
     import json
 
-    from accel_train.checkpoint.weights import user_code_allowed
-    from accel_train.saved_eval import run_evaluation
+    from accel_train.heap import importing
+
+    with importing():  # torch, and the metric's evaluate with datasets and pandas: no garbage collection meanwhile
+        import evaluate  # noqa: F401  (the report's metric: loaded with the rest, see heap.py)
+
+        from accel_train.checkpoint.weights import user_code_allowed
+        from accel_train.saved_eval import run_evaluation
 
     with user_code_allowed(args.allow_import):
         report = run_evaluation(

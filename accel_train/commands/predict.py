@@ -207,9 +207,12 @@ def run(args: argparse.Namespace) -> int:
     import json
     import sys
 
-    from accel_train.checkpoint.weights import load_model
-    from accel_train.errors import UserError
-    from accel_train.preprocess import check_preprocess
+    from accel_train.heap import importing
+
+    with importing():  # torch: no garbage collection while it loads (heap.py)
+        from accel_train.checkpoint.weights import load_model
+        from accel_train.errors import UserError
+        from accel_train.preprocess import check_preprocess
 
     if args.top_k < 1:
         raise UserError("--top-k must be at least 1")

@@ -10,9 +10,11 @@ from accel_train.cli import run_main
 
 def main(argv=None):
     from accel_train.config import parse_config
+    from accel_train.heap import importing
 
-    cfg = parse_config(argv)
-    from accel_train.loop import fit  # heavy imports only after --help / argument errors
+    with importing():  # torch loads here (the config's checks ask the models): no garbage collection meanwhile
+        cfg = parse_config(argv)
+        from accel_train.loop import fit  # heavy imports only after --help / argument errors
 
     summary = fit(cfg)  # also written to OUTPUT_DIR/summary.json
     return summary.get("exit_code", 0)  # 130/143: stopped by SIGINT/SIGTERM with a checkpoint saved
