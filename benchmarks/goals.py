@@ -155,22 +155,29 @@ def _speedrun_goals(speedrun: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _mnist_goals(row: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Time to 98% on MNIST-format data vs pytorch/examples' recipe; judged on real MNIST at 98% only (synthetic data
-    or the ``--quick`` target: measured, marked n/a)."""
+    """Time to 98% on MNIST-format data vs pytorch/examples' recipe, ours with the speed-run recipe
+    (``configs/mnist_speedrun.yaml``, as pytorch/examples' is its recipe for MNIST) and, for reference, with
+    ``scripts/train.py``'s defaults (measured, never judged: a default is tuned for any dataset, not for a race);
+    judged on real MNIST at 98% only (synthetic data or the ``--quick`` target: measured, marked n/a)."""
     if not row or "speedup" not in row:
         return []
     target, synthetic = row["target_accuracy"], row.get("synthetic", True)
-    where = "synthetic MNIST-shaped data" if synthetic else "MNIST"
-    g = _goal(
-        f"time to {target:.0%} on {where} >= {GOAL_MNIST_SPEEDUP:g}x faster than pytorch/examples' mnist recipe, "
-        f"from process start (median of {row.get('repeats', '?')})"
-        + ("; the goal is for 98% on real MNIST" if synthetic or target < 0.98 else ""),
-        row["speedup"],
-        GOAL_MNIST_SPEEDUP,
-    )
-    if synthetic or target < 0.98:
-        g["met"] = None  # synthetic data or a lower target says the row works, not whether the goal is met
-    return [g]
+    where = "synthetic MNIST-shaped data" if synthetic or target < 0.98 else "MNIST"
+    sides = [("recipe_speedup", "ours with configs/mnist_speedrun.yaml")] if "recipe_speedup" in row else []
+    goals = []
+    for key, ours in [*sides, ("speedup", "ours with scripts/train.py's defaults")]:
+        g = _goal(
+            f"time to {target:.0%} on {where} >= {GOAL_MNIST_SPEEDUP:g}x faster than pytorch/examples' mnist recipe, "
+            f"from process start, {ours} (median of {row.get('repeats', '?')})"
+            + ("; the goal is for 98% on real MNIST" if synthetic or target < 0.98 else "")
+            + ("; for reference, not judged" if key == "speedup" and sides else ""),
+            row[key],
+            GOAL_MNIST_SPEEDUP,
+        )
+        if synthetic or target < 0.98 or (key == "speedup" and sides):
+            g["met"] = None  # synthetic data or a lower target says the row works, not whether the goal is met
+        goals.append(g)
+    return goals
 
 
 def _default_run_goals(default_run: dict[str, Any] | None) -> list[dict[str, Any]]:

@@ -34,18 +34,53 @@ def mnist_available(data_dir: str | None) -> bool:
     return all((raw / n).is_file() or (raw / f"{n}.gz").is_file() for n in names)
 
 
+def _new_evals(metrics: Path, offset: int, now: float) -> tuple[list[dict[str, Any]], int]:
+    """The eval records completed in ``metrics`` (a growing metrics.jsonl) past ``offset``, stamped ``now``;
+    returns them and the new offset (a half-written last line waits for the next poll)."""
+    if not metrics.is_file():
+        return [], offset
+    with open(metrics) as fh:
+        fh.seek(offset)
+        chunk = fh.read()
+    complete = chunk[: chunk.rfind("\n") + 1]
+    entries = []
+    for line in complete.splitlines():
+        record = json.loads(line)
+        if record.get("event") == "eval":
+            entries.append(
+                {
+                    "step": record["step"],
+                    "epoch": record["epoch"],
+                    "accuracy": record["eval_accuracy"],
+                    "time_s": now,
+                    "logger_time_s": record.get("time_s"),
+                }
+            )
+    return entries, offset + len(complete)
+
+
 def time_to_accuracy_portable(
-    dataset: str, data_dir: str | None, work: Path, cap_s: float, target: float = TARGET_ACCURACY
+    dataset: str,
+    data_dir: str | None,
+    work: Path,
+    cap_s: float,
+    target: float = TARGET_ACCURACY,
+    config: str | None = None,
 ) -> dict[str, Any]:
-    """``python scripts/train.py`` with its defaults; seconds from launch to the first eval >= ``target``.
+    """``python scripts/train.py`` with its defaults, or with the hyperparameter file ``config`` (a path from the
+    repository root, e.g. ``configs/mnist_speedrun.yaml``: its own evaluation cadence); seconds from launch to the
+    first eval >= ``target``.
 
     metrics.jsonl is polled while the run trains; each eval line is timestamped when it
     appears (its ``time_s`` counts from the run's logger start, after imports and data).
     The run is stopped (SIGTERM: it checkpoints and exits) once the target is reached.
     """
-    run_dir = work / f"t2a_portable_{dataset}"
-    eval_every = 5 if dataset == "digits" else 100
-    args = ["--output-dir", str(run_dir), "--overwrite", "--eval-every", str(eval_every), "--no-plots"]
+    run_dir = work / f"t2a_{Path(config).stem if config else 'portable'}_{dataset}"
+    args = ["--output-dir", str(run_dir), "--overwrite", "--no-plots"]
+    if config:
+        args = ["--config", config, *args]
+    else:
+        args += ["--eval-every", "5" if dataset == "digits" else "100"]
     if dataset != "digits":
         args += ["--dataset", dataset, "--data-dir", str(data_dir)]
     cmd = [sys.executable, str(TRAIN_SCRIPT), *args]
@@ -53,7 +88,7 @@ def time_to_accuracy_portable(
     evals: list[dict[str, Any]] = []
     reached: dict[str, Any] | None = None
     t_launch = time.perf_counter()
-    err_path = work / f"t2a_portable_{dataset}.err"
+    err_path = run_dir.with_suffix(".err")
     with open(err_path, "w") as err:  # a file, not a pipe: a chatty child can never block on it
         proc = subprocess.Popen(cmd, cwd=REPO, env=one_gpu_env(), stdout=subprocess.DEVNULL, stderr=err)
     offset = 0
@@ -61,26 +96,9 @@ def time_to_accuracy_portable(
     while True:
         done = proc.poll() is not None
         now = time.perf_counter() - t_launch
-        if metrics.is_file():
-            with open(metrics) as fh:
-                fh.seek(offset)
-                chunk = fh.read()
-            complete = chunk[: chunk.rfind("\n") + 1]
-            offset += len(complete)
-            for line in complete.splitlines():
-                record = json.loads(line)
-                if record.get("event") != "eval":
-                    continue
-                entry = {
-                    "step": record["step"],
-                    "epoch": record["epoch"],
-                    "accuracy": record["eval_accuracy"],
-                    "time_s": now,
-                    "logger_time_s": record.get("time_s"),
-                }
-                evals.append(entry)
-                if reached is None and record["eval_accuracy"] >= target:
-                    reached = entry
+        new, offset = _new_evals(metrics, offset, now)
+        evals += new
+        reached = reached or next((e for e in new if e["accuracy"] >= target), None)
         if done:
             break
         if reached is not None or now > cap_s:
@@ -94,7 +112,7 @@ def time_to_accuracy_portable(
         time.sleep(0.05)
     stderr = err_path.read_text(errors="replace")
     out: dict[str, Any] = {
-        "recipe": "scripts/train.py defaults (lenet, batch 32, Adam 2e-3 cosine, in-memory uint8 batches)",
+        "recipe": config or "scripts/train.py defaults (lenet, batch 32, Adam 2e-3 cosine, in-memory uint8 batches)",
         "command": " ".join(["python", "scripts/train.py", *[("OUT" if a == str(run_dir) else a) for a in args]]),
         "reached": reached is not None,
         "time_to_target_s": reached["time_s"] if reached else None,

@@ -10,7 +10,7 @@ Whole runs and launches; the in-process tests are in ../unit/test_experiment_con
 from __future__ import annotations
 
 import pytest
-from conftest import FAST, check, run_here, summary
+from conftest import FAST, check, metrics, run_here, summary
 from helpers_experiment_configs import CONFIG_DIR, EXPECTED
 
 from accel_train.config import parse_config
@@ -79,3 +79,23 @@ def test_config_trains_two_steps_on_synthetic_data(tmp_path, name):
     resolved = (out / "config.yaml").read_text()
     assert f"model: {expected['model']}" in resolved
     assert f"optimizer: {expected['optimizer']}" in resolved
+
+
+def test_mnist_speedrun_recipe_learns_mnist_format_digits_in_its_three_epochs(tmp_path):
+    """configs/mnist_speedrun.yaml (the benchmark races pytorch/examples with it): on 2,000 synthetic MNIST-shaped
+    digits in IDX files, its 3 epochs of batch 64 reach 95% (96.1% measured), in channels_last, evaluating every 50
+    steps and at each epoch end. A recipe that stopped learning (an LR off by 100x, a lost schedule) fails here
+    before it fails the benchmark."""
+    from benchmarks.mnist_rival import write_synthetic_mnist
+
+    data = write_synthetic_mnist(tmp_path / "data", 2000, 1000)
+    out = tmp_path / "run"
+    args = ["--config", str(CONFIG_DIR / "mnist_speedrun.yaml"), "--data-dir", str(data), "--output-dir", str(out)]
+    check(run_here("train.py", *args, *FAST))
+    s = summary(out)
+    assert (s["global_step"], s["global_batch"]) == (93, 64)  # 3 epochs of 31 full batches
+    assert s["eval_accuracy"] >= 0.95, s["eval_accuracy"]
+    resolved = (out / "config.yaml").read_text()
+    assert "channels_last: true" in resolved and "label_smoothing: 0.1" in resolved
+    evals = [m["step"] for m in metrics(out) if m["event"] == "eval"]
+    assert evals == [31, 50, 62, 93]
