@@ -295,3 +295,18 @@ def pytest_runtest_protocol(item, nextitem):
     with pytest.MonkeyPatch.context() as mp:
         hide_gpus(mp)
         yield
+
+
+@pytest.fixture(autouse=True)
+def _collector_left_as_it_was():
+    """``cli.run_main`` in this process (``run_here``, the doctor's smoke run...) marks it a one-command process,
+    whose heavy imports freeze the heap (``accel_train/heap.py``): right for a command's own process, a leak in
+    pytest's, where each test's garbage would be frozen with it. After each test the mark is taken back and what
+    was frozen becomes collectable again."""
+    import gc
+
+    from accel_train import heap
+
+    yield
+    heap._ONE_COMMAND = False
+    gc.unfreeze()
