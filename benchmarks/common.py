@@ -1,6 +1,6 @@
 """Small helpers every part of the benchmark harness shares: medians and ratios that tolerate a missing
 measurement (a failed run reads as ``None``), the tail of a child's output for an error line, reading a child's
-JSON, and the number formats of the reports."""
+JSON, the new lines of a file a child is writing, and the number formats of the reports."""
 
 from __future__ import annotations
 
@@ -26,6 +26,18 @@ def _tail(text: str, n: int = 1500) -> str:
 
 def _load_json(path: Path) -> Any:
     return json.loads(path.read_text())
+
+
+def _new_lines(path: Path, offset: int) -> tuple[list[str], int]:
+    """The lines completed in ``path`` (a file a child is still writing) past ``offset``, and the new offset; a
+    half-written last line waits for the next call. No file yet: nothing."""
+    if not path.is_file():
+        return [], offset
+    with open(path) as fh:
+        fh.seek(offset)
+        chunk = fh.read()
+    complete = chunk[: chunk.rfind("\n") + 1]
+    return complete.splitlines(), offset + len(complete)
 
 
 def _f(value: Any, spec: str = ".1f", none: str = "-") -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from accel_train.doctor.launching import REPO
-from benchmarks.common import _tail
+from benchmarks.common import _new_lines, _tail
 from benchmarks.devices import one_gpu_env
 
 RIVAL_SCRIPT = REPO / "benchmarks" / "examples_mnist.py"
@@ -105,12 +105,8 @@ def time_rival(data_dir: str, work: Path, target: float, cap_s: float, max_epoch
     while True:
         done = proc.poll() is not None
         now = time.perf_counter() - t_launch
-        with open(out_path) as fh:
-            fh.seek(offset)
-            chunk = fh.read()
-        complete = chunk[: chunk.rfind("\n") + 1]
-        offset += len(complete)
-        for line in complete.splitlines():
+        lines, offset = _new_lines(out_path, offset)
+        for line in lines:
             if line.startswith("eval "):
                 evals.append({**json.loads(line[5:]), "time_s": now})
         if done:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from accel_train.doctor.launching import REPO
-from benchmarks.common import _load_json, _tail
+from benchmarks.common import _load_json, _new_lines, _tail
 from benchmarks.devices import one_gpu_env
 from benchmarks.mnist_rival import compare_mnist
 from benchmarks.setups import TRAIN_SCRIPT, BenchOptions
@@ -36,27 +36,20 @@ def mnist_available(data_dir: str | None) -> bool:
 
 def _new_evals(metrics: Path, offset: int, now: float) -> tuple[list[dict[str, Any]], int]:
     """The eval records completed in ``metrics`` (a growing metrics.jsonl) past ``offset``, stamped ``now``;
-    returns them and the new offset (a half-written last line waits for the next poll)."""
-    if not metrics.is_file():
-        return [], offset
-    with open(metrics) as fh:
-        fh.seek(offset)
-        chunk = fh.read()
-    complete = chunk[: chunk.rfind("\n") + 1]
-    entries = []
-    for line in complete.splitlines():
-        record = json.loads(line)
-        if record.get("event") == "eval":
-            entries.append(
-                {
-                    "step": record["step"],
-                    "epoch": record["epoch"],
-                    "accuracy": record["eval_accuracy"],
-                    "time_s": now,
-                    "logger_time_s": record.get("time_s"),
-                }
-            )
-    return entries, offset + len(complete)
+    returns them and the new offset."""
+    lines, offset = _new_lines(metrics, offset)
+    records = [json.loads(line) for line in lines]
+    return [
+        {
+            "step": r["step"],
+            "epoch": r["epoch"],
+            "accuracy": r["eval_accuracy"],
+            "time_s": now,
+            "logger_time_s": r.get("time_s"),
+        }
+        for r in records
+        if r.get("event") == "eval"
+    ], offset
 
 
 def time_to_accuracy_portable(

@@ -121,13 +121,18 @@ def crop_flip(cfg, size: int, padding: int, flip: bool) -> tuple[CropFlip, str]:
     return augment, augment.describe()
 
 
+def scaled_padding(base_padding: int, native: int, size: int) -> int:
+    """A dataset's crop padding at its ``native`` side, scaled to images resized to ``size`` (at least 1)."""
+    return max(1, round(base_padding * size / native))
+
+
 def opt_in_crop(cfg, size: int, native: int = 28) -> tuple[CropFlip | None, str | None]:
     """``--augment`` for the MNIST-like sources (mnist, fashion_mnist, digits, synthetic), off unless asked: a
     random crop with MNIST's 2 pixels of padding at ``native`` size, scaled to ``size``, and no flip (a mirrored
     digit is another digit or none). ``(None, None)`` without ``--augment``."""
     if cfg.augment is not True:
         return None, None
-    return crop_flip(cfg, size, max(1, round(2 * size / native)), flip=False)
+    return crop_flip(cfg, size, scaled_padding(2, native, size), flip=False)
 
 
 class Augmented:

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from accel_train.data import DOWNLOAD_HINT
-from accel_train.data.augment import crop_flip, opt_in_crop
+from accel_train.data.augment import crop_flip, opt_in_crop, scaled_padding
 from accel_train.data.base import (
     DataConfig,
     DatasetInfo,
@@ -82,10 +82,6 @@ def resize_uint8(images: torch.Tensor, size: int) -> torch.Tensor:
         chunk = F.interpolate(chunk, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
         out[start : start + RESIZE_CHUNK] = chunk.round_().clamp_(0, 255).to(torch.uint8)
     return out
-
-
-def _scaled_padding(base_padding: int, native: int, size: int) -> int:
-    return max(1, round(base_padding * size / native))
 
 
 def _refetch(what: str = "it") -> str:
@@ -393,7 +389,7 @@ def build_cifar10(cfg: DataConfig, test_only: bool = False) -> DataSplits:
     x_train, x_test = resize_uint8(x_train, size), resize_uint8(x_test, size)
     transform, augment = None, None
     if cfg.augment is not False:
-        transform, augment = crop_flip(cfg, size, _scaled_padding(4, 32, size), flip=True)
+        transform, augment = crop_flip(cfg, size, scaled_padding(4, 32, size), flip=True)
     class_names = _cifar_class_names(directory)
     info = DatasetInfo(
         name="cifar10",
