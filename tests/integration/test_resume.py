@@ -69,8 +69,11 @@ def test_compiled_ddp_stop_and_resume_equals_straight_run(tmp_path):
 # (weights differ by ~4e-9 after one step), and at the default settings 24 steps on digits amplify that to
 # 8e-5 on an AVX512 CPU without AMX (measured; 1 vs 2 processes straight through, no resume involved). At
 # SGD lr 0.02 the two stay within 2e-8, so 1e-5 still catches a wrong data order, LR or optimizer state.
+# Micro-batches of 8: 4 accumulated on 1 process, 2 on each of 2. Stopped at step 11 on 2 processes, the saved
+# micro-step count (22) is not a multiple of 1 process's 4: accelerate would then end the first resumed step after
+# 2 micro-batches (and every later one across two global batches) unless the resume re-aligns it.
 ACROSS = ["--model", "lenet", "--global-batch-size", "32", "--max-steps", "24", "--log-every", "1", *FAST]
-ACROSS += ["--optimizer", "sgd", "--lr", "0.02"]
+ACROSS += ["--optimizer", "sgd", "--lr", "0.02", "--max-device-batch", "8"]
 
 
 @pytest.fixture(scope="module")
