@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from checks import run_bad
-from conftest import FAST, check, max_abs_diff, run_here, run_on, summary, weights
+from conftest import FAST, check, max_abs_diff, metrics, run_here, run_on, summary, weights
 from datafiles import image_folder_with, write_cifar10, write_hf_disk, write_image_folder, write_mnist_idx
 
 TWO_STEPS = ["--max-steps", "2", "--batch-size", "4", "--model", "lenet", *FAST]
@@ -38,8 +38,14 @@ def test_every_format_trains_two_steps(tmp_path, name, make):
 
 
 def test_global_batch_gives_the_same_weights_on_every_setup(tmp_path):
-    """G=32 as 1x32, as 2 processes x 16, and as 1 x 8 x 4 accumulation steps: the same 10 optimizer steps."""
-    args = ["--model", "lenet", "--global-batch-size", "32", "--max-steps", "10", *FAST]
+    """G=32 as 1x32, as 2 processes x 16, and as 1 x 8 x 4 accumulation steps: the same 10 optimizer steps.
+
+    304 training samples: an epoch is 9 global batches on every setup, so step 10 opens epoch 1 (the 16 left over are
+    2 micro-batches of 8, which an epoch cut to micro-batches would make a 10th step of on the accumulating setup).
+    SGD: Adam's lr * g / (|g| + eps) turns the round-off of another summation order into 5e-5 here (measured)."""
+    data = ["--dataset", "synthetic", "--synthetic-size", "304", "--synthetic-test-size", "64"]
+    args = ["--model", "lenet", "--global-batch-size", "32", "--max-steps", "10", *data, *FAST]
+    args += ["--optimizer", "sgd", "--lr", "0.02"]
     runs = {
         "one": ([], None),
         "two": ([], "multi_cpu.yaml"),
@@ -50,6 +56,9 @@ def test_global_batch_gives_the_same_weights_on_every_setup(tmp_path):
         assert "global batch 32 =" in proc.stdout
     assert summary(tmp_path / "two")["micro_batch"] == 16 and summary(tmp_path / "two")["world_size"] == 2
     assert summary(tmp_path / "accum")["accum_steps"] == 4 and summary(tmp_path / "accum")["micro_batch"] == 8
+    for name in runs:
+        epochs = [m["step"] for m in metrics(tmp_path / name) if m["event"] == "epoch"]
+        assert epochs == [9] and summary(tmp_path / name)["epochs_completed"] == 1, (name, epochs)
     ref = weights(tmp_path / "one")
     assert max_abs_diff(ref, weights(tmp_path / "two")) <= 1e-5
     assert max_abs_diff(ref, weights(tmp_path / "accum")) <= 1e-5

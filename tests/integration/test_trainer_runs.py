@@ -42,6 +42,15 @@ def test_step_accounting_with_accumulation_and_checkpoint_cadence(tmp_path):
     assert (out / "model" / "model.safetensors").is_file() and (out / "best" / "model.safetensors").is_file()
 
 
+def test_an_epoch_is_whole_global_batches_under_accumulation(tmp_path):
+    """80 samples at a global batch of 32 as 2 micro-batches of 16: an epoch is 2 optimizer steps of 32 samples (the
+    16 left over wait for another epoch's order), never a third step made of the lone fifth micro-batch."""
+    out = tmp_path / "run"
+    summary = _fit(out, "--synthetic-size", "80", "--grad-accum-steps", "2", "--max-steps", "4")
+    assert [e["step"] for e in _events(out, "epoch")] == [2, 4]  # an epoch cut to micro-batches: [3] (3 + 1 steps)
+    assert summary["epochs_completed"] == 2 and summary["samples_seen"] == 4 * 32
+
+
 def test_epoch_ends_evaluate_and_checkpoint(tmp_path):
     out = tmp_path / "run"
     summary = _fit(out, "--epochs", "2")
