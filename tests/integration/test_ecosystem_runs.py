@@ -142,6 +142,12 @@ def test_two_process_run_and_evaluation_write_no_metric_files(tmp_path):
     assert written["world_size"] == 2 and f"on {written['samples']} samples" in proc.stdout
     assert _files(tmp_path) - before == {report}
     assert _files(tmp_path / "hf") == set()
+    # the same weights on 1 process: the same mean loss over the same samples (not one rank's share of it)
+    single = tmp_path / "eval_one.json"
+    check(run_here("eval.py", "--weights", str(out / "model"), "--out", str(single)))
+    one = json.loads(single.read_text())
+    assert one["world_size"] == 1 and one["samples"] == written["samples"]
+    assert written["loss"] == pytest.approx(one["loss"], rel=1e-5) and written["accuracy"] == one["accuracy"]
 
 
 def test_loading_the_metric_does_not_import_evaluate():

@@ -78,6 +78,8 @@ def test_parity_one_process_vs_two_and_exact_eval(tmp_path):
     lrs = [[m["lr"] for m in metrics(d) if m["event"] == "train"] for d in (one, two)]
     assert len(lrs[0]) == 20 and lrs[0] == pytest.approx(lrs[1], rel=1e-12)
     assert summary(one)["eval_accuracy"] == pytest.approx(summary(two)["eval_accuracy"], abs=1 / 360 + 1e-9)
+    # the mean over all 360 samples of both ranks' losses (one rank's sum over 360 would be about half of it)
+    assert summary(two)["eval_loss"] == pytest.approx(summary(one)["eval_loss"], rel=1e-5)
 
 
 # Issue 14: parity for every built-in model (lenet: the test above). mnist_cnn's dropout masks are keyed on the
