@@ -15,6 +15,7 @@ import socket
 
 import pytest
 
+from accel_train.errors import UserError
 from accel_train.run_dir import LOCK, RunDir, RunLock
 
 
@@ -33,6 +34,26 @@ def test_lock_without_flock_judges_by_pid_and_host(tmp_path, monkeypatch):
     lock.acquire()  # dead PID: stale
     assert json.loads((tmp_path / LOCK).read_text())["pid"] == os.getpid()
     lock.release()
+
+
+def test_lock_without_flock_is_never_taken_from_another_host(tmp_path, monkeypatch):
+    """A run on another machine (a shared filesystem without flock) holds the folder whether or not its PID means
+    anything here: a live process of this machine (this test's parent) and a PID nothing here runs, both recorded
+    with another host, are both refused, by the check before a run and by taking the lock."""
+    import fcntl
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    other = socket.gethostname() + "-other"
+    for pid in (os.getppid(), 2**22 + 17):  # live here, dead here: neither says anything about the other host
+        record = {"pid": pid, "host": other, "started": "2024-01-01 00:00:00"}
+        (tmp_path / LOCK).write_text(json.dumps(record))
+        for take in (RunLock(tmp_path).check_free, RunLock(tmp_path).acquire):
+            with pytest.raises(UserError, match=f"is in use by another run \\(pid {pid} on {other},"):
+                take()
+        assert json.loads((tmp_path / LOCK).read_text()) == record  # the holder's record is left as it was
 
 
 def test_retention_never_deletes_the_saved_or_resumed_checkpoint(tmp_path):
