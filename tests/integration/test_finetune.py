@@ -125,6 +125,29 @@ def test_pretrained_from_a_file_is_the_same(tmp_path, monkeypatch):
     assert not (tmp_path / "empty_home").exists()  # torchvision's cache was never touched
 
 
+@pytest.mark.parametrize(
+    "damage,shown",
+    [
+        (lambda sd: sd.pop("layer1.0.conv1.weight"), "tensor layer1.0.conv1.weight is missing"),
+        (lambda sd: sd.update({"layer4.1.bn2.bias": torch.zeros(3)}), "tensor layer4.1.bn2.bias is (3,), the model"),
+    ],
+    ids=["missing", "misshapen"],
+)
+def test_weights_without_a_backbone_tensor_are_refused_naming_it(tmp_path, monkeypatch, damage, shown):
+    """Only the head may start fresh: a backbone tensor the file lacks (or has in another shape) would stay random
+    and train as if it were pretrained, so the run refuses before it starts, naming the tensor."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "empty_home"))
+    sd = _resnet18_file()
+    damage(sd)
+    weights = tmp_path / "damaged.safetensors"
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(weights))
+    with pytest.raises(UserError) as info:
+        _fit(tmp_path / "run", "--model", "tv:resnet18", "--pretrained", str(weights), "--max-steps", "1", *SYNTH_RGB)
+    message = str(info.value)
+    assert shown in message and "do not fit this architecture" in message and "\n" not in message
+    assert not (tmp_path / "run" / "model").exists()
+
+
 def test_one_channel_data_gets_the_rgb_filters_summed(tmp_path, cached_resnet18):
     out = tmp_path / "run"
     args = ["--model", "tv:resnet18", "--pretrained", "--freeze", "backbone", "--dataset", "digits"]
