@@ -150,6 +150,32 @@ def test_a_difference_over_the_tolerance_fails_and_writes_nothing(tmp_path, monk
     assert_one_line_error(proc, "--onnx-atol must be a positive number")
 
 
+class _Shifted(torch.nn.Module):
+    """The model plus a constant: what the ONNX file computes in the test below, where torch computes the model."""
+
+    def __init__(self, inner: torch.nn.Module, by: float):
+        super().__init__()
+        self.inner, self.by = inner, by
+
+    def forward(self, x):
+        return self.inner(x) + self.by
+
+
+@pytest.mark.parametrize("by", [-1.0, 1.0])
+def test_a_file_off_by_a_constant_either_way_fails_the_check(monkeypatch, by):
+    """A real ONNX file whose outputs are torch's shifted by -1 (or +1), run under onnxruntime: 1 over the
+    tolerance whatever its sign (a check of signed differences would pass the file that is 1 too low)."""
+    pytest.importorskip("onnxscript")
+    import accel_train.onnx_export as onnx_export
+    from accel_train.errors import UserError
+
+    trace = onnx_export._trace
+    monkeypatch.setattr(onnx_export, "_trace", lambda model, x, name: trace(_Shifted(model, by), x, name))
+    config = {"model": "lenet", "num_classes": 10, "in_channels": 1, "image_size": 28}
+    with pytest.raises(UserError, match="differs from torch by up to 1 under onnxruntime, over --onnx-atol 0.0001"):
+        onnx_export.export_onnx(create_model("lenet"), config, atol=ATOL)
+
+
 def test_nan_outputs_fail_the_check():
     """A model that gives NaN (here one NaN weight) is no match, whatever the tolerance: NaN is never <= atol."""
     pytest.importorskip("onnxscript")
