@@ -198,6 +198,25 @@ def test_a_stopped_and_resumed_run_continues_tensorboard_and_csv(stopped_and_res
     assert _csv_steps(out, "train/loss") == list(range(1, 9))  # the resumed attempt appends, keeping steps 1-4
 
 
+def test_an_attempt_with_other_trackers_keeps_the_mlflow_run_for_the_next(tmp_path, monkeypatch):
+    """MLflow for steps 1-2, a resumed attempt that reports to CSV only for steps 3-4, then MLflow again for 5-6: the
+    middle attempt's checkpoint still names the MLflow run, so the last attempt logs into it (one run, no new one)."""
+    _clean_mlflow_env(monkeypatch)
+    out = tmp_path / "run"
+    every = ["--max-steps", "6", "--checkpoint-every", "2"]
+    fit_small(out, *every, "--report-to", "mlflow,csv", "--stop-at-step", "2")
+    [first] = _mlflow_runs(out)
+    fit_small(out, *every, "--report-to", "csv", "--resume", "auto", "--stop-at-step", "4")
+    assert read_progress(out / "checkpoints" / "step_00000004")["state"]["extra"][TRACKER_RUNS] == {
+        "mlflow": first.info.run_id
+    }
+    fit_small(out, *every, "--report-to", "mlflow,csv", "--resume", "auto")
+    runs = _mlflow_runs(out)
+    assert [r.info.run_id for r in runs] == [first.info.run_id], f"{len(runs)} MLflow runs"
+    assert [s for s, _ in _mlflow_history(out, first.info.run_id, "train/loss")] == [1, 2, 5, 6]
+    assert _csv_steps(out, "train/loss") == list(range(1, 7))
+
+
 def test_steps_logged_after_the_checkpoint_by_a_killed_attempt(tmp_path, monkeypatch):
     """Killed after step 6 with the last checkpoint at 4: the resumed attempt logs steps 5 and 6 again. TensorBoard
     hides the first attempt's (``purge_step``) and the CSV file drops them; MLflow cannot delete a point, so it keeps
