@@ -78,6 +78,21 @@ def test_interface_that_reaches_the_main_process_is_set_and_said_once_per_machin
     assert capsys.readouterr().err == ""  # local rank 1: said by local rank 0 only
 
 
+def test_an_empty_socket_ifname_is_no_choice_of_the_users(capsys):
+    """``GLOO_SOCKET_IFNAME=""`` (an export left blank in a job script) names no interface: the interface that reaches
+    the main process is chosen as if it were unset, for NCCL too, and no hint says the user set it."""
+    env = {**MULTI, "GLOO_SOCKET_IFNAME": ""}
+    line = netif.choose_socket_ifname(env)
+    assert env["GLOO_SOCKET_IFNAME"] == "lo" and line.startswith("accel_train: GLOO_SOCKET_IFNAME=lo (127.0.0.1: ")
+    assert netif.user_socket_ifname({"GLOO_SOCKET_IFNAME": ""}) is None  # the doctor's "you set ..." asks this
+    env = {**MULTI, "GLOO_SOCKET_IFNAME": "", "NCCL_SOCKET_IFNAME": ""}
+    netif.choose_socket_ifname(env, nccl=True)
+    assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "lo"
+    assert "accel_train sets it" in peers.fix_hint({"GLOO_SOCKET_IFNAME": "", "MASTER_ADDR": "10.213.0.1"})
+    assert "what the hostname" in peers.announced_address({"GLOO_SOCKET_IFNAME": ""})
+    capsys.readouterr()
+
+
 def test_a_main_host_name_that_is_loopback_only_here_chooses_nothing_and_says_so(capsys):
     """Debian's ``127.0.1.1 <hostname>``: main_process_ip given as the main machine's name resolves to loopback on
     that machine only; lo would make it announce a loopback address, so nothing is set (an address written out,
