@@ -24,6 +24,10 @@ PROMISES = (
     "best and early stopping",
     "retention",
     "parity",
+    "fine-tuning weights",
+    "ONNX check",
+    "tracker runs",
+    "socket interface",
 )
 
 
@@ -89,6 +93,11 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("early-stop-counter-not-restored", "resume state", "features/__init__.py",
        'self.early.restore(extra.get("early_stop"), str(checkpoint))', "self.early.restore(None, str(checkpoint))",
        "tests/integration/test_features_runs.py::test_early_stopping_stops_cleanly_and_resumes_to_the_same_step"),
+    # accelerate's load_state restores its micro-step counter (22 after 11 steps of 2 x 2 on 2 processes); on 1
+    # process x 4 the first resumed step then ends after 2 micro-batches, and every later one across two global batches
+    _m("resume-keeps-old-micro-step-count", "resume state", "build.py",
+       "    acc.step = 0  # micro-step counter: re-aligned to the (maybe different) accumulation of this setup\n", "",
+       "tests/integration/test_resume.py::test_resume_across_setups"),
     # ---- data order ------------------------------------------------------------------------------------------------
     _m("sampler-ignores-epoch", "data order", "data/pipeline.py",
        "manual_seed(self.seed * 100_003 + self.epoch)", "manual_seed(self.seed * 100_003)",
@@ -121,6 +130,11 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("samples-seen-counts-micro-batches", "global batch and accumulation", "trainer.py",
        "state.samples_seen += self.plan.global_batch", "state.samples_seen += self.plan.micro_batch",
        "tests/integration/test_trainer_runs.py::test_step_accounting_with_accumulation_and_checkpoint_cadence"),
+    # 80 samples as 2 x 16 accumulated: a fifth, lone micro-batch ends the epoch with a step of its own (3 + 1 steps)
+    _m("epoch-cut-to-micro-batches", "global batch and accumulation", "build.py",
+       "drop_to_multiple_of=plan.global_batch,", "drop_to_multiple_of=plan.micro_batch,",
+       "tests/integration/test_trainer_runs.py::test_an_epoch_is_whole_global_batches_under_accumulation",
+       "tests/integration/test_data_e2e.py::test_global_batch_gives_the_same_weights_on_every_setup"),
     # ---- distributed evaluation ------------------------------------------------------------------------------------
     _m("eval-counts-padded-samples", "distributed evaluation", "evaluation.py",
        "acc.gather_for_metrics((preds, labels, losses))", "acc.gather((preds, labels, losses))",
@@ -134,6 +148,12 @@ MUTANTS: tuple[Mutant, ...] = (
        "accuracy = int((preds == refs).sum()) / n if n else 0.0",
        "accuracy = int((preds == refs).sum()) / len(preds_all) if n else 0.0",
        "tests/unit/test_promises.py::test_eval_accuracy_is_the_exact_count_and_the_evaluate_metric_agrees"),
+    # each rank's own losses over the global count: about half the loss on 2 processes (0.485 for 0.915)
+    _m("eval-loss-of-one-rank", "distributed evaluation", "evaluation.py",
+       "preds, labels, losses = acc.gather_for_metrics((preds, labels, losses))",
+       "preds, labels = acc.gather_for_metrics((preds, labels))",
+       "tests/integration/test_train_e2e.py::test_parity_one_process_vs_two_and_exact_eval",
+       "tests/integration/test_ecosystem_runs.py::test_two_process_run_and_evaluation_write_no_metric_files"),
     # ---- main-process writes ---------------------------------------------------------------------------------------
     _m("export-on-every-rank", "main-process writes", "trainer.py",
        '        if self.rt.is_main:\n            export_weights(state_dict, out_dir, self.meta["model_config"])\n',
@@ -157,6 +177,13 @@ MUTANTS: tuple[Mutant, ...] = (
        "        except BlockingIOError:\n            os.close(fd)\n            raise self._busy(info) from None\n",
        "        except BlockingIOError:\n            pass\n",
        "tests/integration/test_run_integrity.py::test_two_overwrite_runs_at_once_leave_one_whole_run"),
+    # without flock the record decides: another host's run holds the folder whatever its PID means here
+    _m("run-lock-taken-from-another-host", "run-folder replacement", "run_lock.py",
+       "(not mine or pid_alive(pid))", "(mine and pid_alive(pid))",
+       "tests/unit/test_run_folder.py::test_lock_without_flock_is_never_taken_from_another_host"),
+    _m("run-lock-judges-another-hosts-pid-here", "run-folder replacement", "run_lock.py",
+       "(not mine or pid_alive(pid))", "pid_alive(pid)",
+       "tests/unit/test_run_folder.py::test_lock_without_flock_is_never_taken_from_another_host"),
     # ---- safe loading ----------------------------------------------------------------------------------------------
     _m("weights-reader-unpickles-code", "safe loading", "checkpoint/sources.py",
        'return torch.load(path, map_location="cpu", weights_only=True)',
@@ -238,6 +265,33 @@ MUTANTS: tuple[Mutant, ...] = (
        "keyed_bits(self.keys.seed, self.keys.epoch, indices, per_sample,",
        "keyed_bits(self.keys.seed, self.keys.epoch, torch.arange(x.shape[0], device=x.device), per_sample,",
        "tests/unit/test_features.py::test_keyed_dropout_masks_follow_the_sample_not_the_batch"),
+    # ---- fine-tuning weights ---------------------------------------------------------------------------------------
+    # a backbone tensor the file lacks stays random, trains as if pretrained, and is named as part of the new head
+    _m("pretrained-missing-tensor-left-fresh", "fine-tuning weights", "models/pretrained.py",
+       "        elif key in info.head:", "        elif got is None or key in info.head:",
+       "tests/integration/test_finetune.py::test_weights_without_a_backbone_tensor_are_refused_naming_it"),
+    _m("pretrained-misshapen-tensor-left-fresh", "fine-tuning weights", "models/pretrained.py",
+       "        elif key in info.head:", "        elif got is not None or key in info.head:",
+       "tests/integration/test_finetune.py::test_weights_without_a_backbone_tensor_are_refused_naming_it"),
+    # ---- ONNX check ------------------------------------------------------------------------------------------------
+    _m("onnx-check-signed-difference", "ONNX check", "onnx_export.py",
+       "(torch.from_numpy(got).double() - expected.double()).abs().max()",
+       "(torch.from_numpy(got).double() - expected.double()).max()",
+       "tests/integration/test_onnx_export.py::test_a_file_off_by_a_constant_either_way_fails_the_check"),
+    _m("onnx-check-signed-difference-reversed", "ONNX check", "onnx_export.py",
+       "(torch.from_numpy(got).double() - expected.double()).abs().max()",
+       "(expected.double() - torch.from_numpy(got).double()).max()",
+       "tests/integration/test_onnx_export.py::test_a_file_off_by_a_constant_either_way_fails_the_check"),
+    # ---- tracker runs ----------------------------------------------------------------------------------------------
+    # an attempt reporting to CSV only saves no MLflow id: the next attempt with MLflow opens a second run
+    _m("tracker-ids-dropped-by-other-trackers", "tracker runs", "trainer.py",
+       "tracker_run_ids(self.acc, state.extra.get(TRACKER_RUNS))", "tracker_run_ids(self.acc)",
+       "tests/integration/test_tracker_runs.py::test_an_attempt_with_other_trackers_keeps_the_mlflow_run_for_the_next"),
+    # ---- socket interface ------------------------------------------------------------------------------------------
+    # GLOO_SOCKET_IFNAME="" names no interface; taken as the user's choice, none is chosen
+    _m("empty-socket-ifname-is-a-choice", "socket interface", "netif.py",
+       "for k in SOCKET_IFNAME_VARS if env.get(k))", "for k in SOCKET_IFNAME_VARS if k in env)",
+       "tests/unit/test_netif.py::test_an_empty_socket_ifname_is_no_choice_of_the_users"),
 )
 # fmt: on
 
