@@ -69,10 +69,10 @@ def test_compiled_ddp_stop_and_resume_equals_straight_run(tmp_path):
 # (weights differ by ~4e-9 after one step), and at the default settings 24 steps on digits amplify that to
 # 8e-5 on an AVX512 CPU without AMX (measured; 1 vs 2 processes straight through, no resume involved). At
 # SGD lr 0.02 the two stay within 2e-8, so 1e-5 still catches a wrong data order, LR or optimizer state.
-# Micro-batches of 8: 4 accumulated on 1 process, 2 on each of 2. Stopped at step 11 on 2 processes, the saved
-# micro-step count (22) is not a multiple of 1 process's 4: accelerate would then end the first resumed step after
+# Micro-batches of 8: 4 accumulated on 1 process, 2 on each of 2. Stopped at step 7 on 2 processes, the saved
+# micro-step count (14) is not a multiple of 1 process's 4: accelerate would then end the first resumed step after
 # 2 micro-batches (and every later one across two global batches) unless the resume re-aligns it.
-ACROSS = ["--model", "lenet", "--global-batch-size", "32", "--max-steps", "24", "--log-every", "1", *FAST]
+ACROSS = ["--model", "lenet", "--global-batch-size", "32", "--max-steps", "16", "--log-every", "1", *FAST]
 ACROSS += ["--optimizer", "sgd", "--lr", "0.02", "--max-device-batch", "8"]
 
 
@@ -88,16 +88,16 @@ def straight_lenet(tmp_path_factory):
 def test_resume_across_setups(tmp_path, straight_lenet, first, second):
     """Stop on one setup, continue on the other at the same global batch: same weights as straight through."""
     moved = tmp_path / "moved"
-    check(run_on(first, "train.py", *ACROSS, "--stop-at-step", "11", "--output-dir", str(moved)))
+    check(run_on(first, "train.py", *ACROSS, "--stop-at-step", "7", "--output-dir", str(moved)))
     proc = check(run_on(second, "train.py", *ACROSS, "--resume", "auto", "--output-dir", str(moved)))
     assert "resumed from" in proc.stdout
     assert summary(moved)["world_size"] == (2 if second else 1)
-    assert summary(moved)["samples_seen"] == 24 * 32
+    assert summary(moved)["samples_seen"] == 16 * 32
     assert max_abs_diff(weights(straight_lenet), weights(moved)) <= 1e-5
     # the continued run picks up the data and the LR exactly where the first stopped
     sa, sb = _train_series(straight_lenet), _train_series(moved)
-    assert sb[("train", 12)]["lr"] == pytest.approx(sa[("train", 12)]["lr"], rel=1e-12)
-    assert sb[("train", 12)]["loss"] == pytest.approx(sa[("train", 12)]["loss"], abs=1e-5)
+    assert sb[("train", 8)]["lr"] == pytest.approx(sa[("train", 8)]["lr"], rel=1e-12)
+    assert sb[("train", 8)]["loss"] == pytest.approx(sa[("train", 8)]["loss"], abs=1e-5)
 
 
 def test_checkpoint_naming_after_resume_and_keep_last(tmp_path):
