@@ -93,7 +93,7 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("early-stop-counter-not-restored", "resume state", "features/__init__.py",
        'self.early.restore(extra.get("early_stop"), str(checkpoint))', "self.early.restore(None, str(checkpoint))",
        "tests/integration/test_features_runs.py::test_early_stopping_stops_cleanly_and_resumes_to_the_same_step"),
-    # accelerate's load_state restores its micro-step counter (22 after 11 steps of 2 x 2 on 2 processes); on 1
+    # accelerate's load_state restores its micro-step counter (14 after 7 steps of 2 x 2 on 2 processes); on 1
     # process x 4 the first resumed step then ends after 2 micro-batches, and every later one across two global batches
     _m("resume-keeps-old-micro-step-count", "resume state", "build.py",
        "    acc.step = 0  # micro-step counter: re-aligned to the (maybe different) accumulation of this setup\n", "",
