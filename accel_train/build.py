@@ -25,7 +25,7 @@ from accel_train.data import build_dataset
 from accel_train.data.base import DataSplits
 from accel_train.data.folder import unaugmented_sample
 from accel_train.data.pipeline import BatchNormalizer, BatchPlan, make_loader, place_on_device, plan_batches
-from accel_train.errors import CheckpointError
+from accel_train.errors import CheckpointError, UserError
 from accel_train.features import TrainFeatures, use_keyed_dropout
 from accel_train.features.device_batch import AUTO, fit_device_batch
 from accel_train.features.finetune import freeze, frozen_names, head_lr_scales
@@ -65,6 +65,7 @@ def build_trainer(
         branch_if_older(cfg, rt, run_dir, resume_path, move=False)  # refuse early, move only once all loaded
     with acc.main_process_first():  # downloads and caches happen once
         splits = given.get("splits") or build_dataset(cfg.data_config())  # given: accel_train.train's data
+    check_same_data(acc, splits)
     device_batch = None if cfg.max_device_batch == AUTO else cfg.max_device_batch  # auto: probed in _prepare
     plan = plan_batches(acc.num_processes, cfg.batch_size, cfg.grad_accum_steps, cfg.global_batch_size, device_batch)
     lr = cfg.lr * plan.global_batch / cfg.batch_size if cfg.scale_lr else cfg.lr
@@ -175,6 +176,23 @@ def _freeze(cfg: TrainConfig, rt: Runtime, model, pre: PretrainedInfo | None) ->
         f"accel_train: --freeze {cfg.freeze}: {len(names)} parameter tensors kept as loaded, "
         f"{len(kept)} BatchNorm layers with their statistics"
     )
+
+
+def check_same_data(acc, splits: DataSplits) -> None:
+    """Every process must index the same files (``extra["index_digest"]``): a folder that differs between two
+    machines would otherwise train each rank on other data, silently."""
+    digest = splits.extra.get("index_digest")
+    if digest is None or acc.num_processes == 1:
+        return
+    from accelerate.utils import gather_object
+
+    digests = gather_object([digest])
+    others = [rank for rank, d in enumerate(digests) if d != digests[0]]
+    if others:
+        raise UserError(
+            f"{splits.info.name}: process(es) {', '.join(map(str, others))} see other files than process 0 "
+            f"(index {digests[others[0]]} vs {digests[0]}); give every machine the same copy of the data"
+        )
 
 
 def _prepare(

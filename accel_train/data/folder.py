@@ -4,22 +4,23 @@ Layouts: ``<path>/<class>/<image>`` (training holds out ``cfg.val_split`` of it,
 deterministically by ``cfg.seed`` and stratified by class; ``accel-evaluate`` scores every
 image, see :func:`build_imagefolder_eval`) or ``<path>/train/<class>/...`` plus
 ``<path>/test/<class>/...`` (``val``/``validation`` are accepted for ``test``; a test folder
-alone can be evaluated, not trained on). The files are indexed with the ``datasets`` library's
-``imagefolder`` builder (works offline) and decoded lazily, one image per ``__getitem__``.
+alone can be evaluated, not trained on). The files are indexed once with ``os.scandir`` and the index is cached
+(``folder_index``): a million files start training in seconds, and a resume reads the index instead of listing them
+again. Images are decoded lazily, a batch per ``__getitems__`` (in the DataLoader workers when there are some). A
+folder of up to :data:`FULL_CHECK_MAX` images has every image opened before training (the unreadable ones named
+with a count); a larger one reads a sample of headers, and a bad image is named when it is first read.
 
-Also home of the image helpers ``hf.py`` shares: :func:`infer_channels`,
-:func:`image_to_chw`, :func:`images_to_nchw` and :class:`LazyImageDataset`.
+Also home of what ``hf.py`` shares: :class:`LazyImageDataset` (a ``datasets.Dataset`` decoded lazily), the
+size and statistics helpers; the pixel conversions live in ``pixels.py`` (re-exported here).
 """
 
 from __future__ import annotations
 
-import io
 import os
-import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -27,121 +28,34 @@ from torch.utils.data import Dataset
 
 from accel_train.data.augment import Augmented, CropFlip, KeyedAugment, crop_flip
 from accel_train.data.base import DataConfig, DatasetInfo, DataSplits, stratified_split
-from accel_train.data.images import DECODE_ERRORS, channels_for, check_image_files, mixed_modes_note
+from accel_train.data.folder_index import FileImageDataset, FolderIndex, index_folder
+from accel_train.data.images import DECODE_ERRORS, channels_for, check_images, mixed_modes_note
+from accel_train.data.pixels import (  # noqa: F401  (re-exported: hf.py, api.py, preprocess.py import them here)
+    GRAY_MODES,
+    image_size_of,
+    image_to_chw,
+    images_to_nchw,
+    infer_channels,
+)
 from accel_train.errors import UserError
 
 DEFAULT_IMAGE_SIZE = 64  # used when the images differ in size and cfg.image_size is unset
 SIZE_SAMPLE = 1000  # images whose header is read to decide whether all share one size
 STATS_SAMPLE = 64  # images decoded to estimate mean/std
+FULL_CHECK_MAX = 20_000  # up to this many images, each is opened and read whole before training (a few seconds)
 TEST_DIR_NAMES = ("test", "val", "validation")
-GRAY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16L", "I;16B", "I;16N", "F"})
-_FALLBACK_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"})
-
-
-# --------------------------------------------------------------------------- image conversion (shared with hf.py)
+#: What counts as an image file (lower case, with the dot): the extensions ``datasets``' ``imagefolder`` builder
+#: indexed when it indexed our folders, so the same files are found as before.
+IMAGE_EXTENSIONS = frozenset(
+    ".apng .blp .bmp .bufr .bw .cur .dcx .dds .dib .emf .eps .fit .fits .flc .fli .ftc .ftu .gbr .gif .grib .icb "
+    ".icns .ico .iim .im .j2c .j2k .jfif .jp2 .jpc .jpe .jpeg .jpf .jpg .jpx .mpeg .mpg .msp .pbm .pcd .pcx .pgm "
+    ".png .pnm .ppm .ps .psd .pxr .ras .rgb .rgba .sgi .tga .tif .tiff .vda .vst .webp .wmf .xbm .xpm".split()
+)
 
 
 def image_extensions() -> frozenset[str]:
-    """File extensions the ``imagefolder`` builder indexes (lower case, with the dot)."""
-    try:
-        from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder
-
-        return frozenset(e.lower() for e in ImageFolder.EXTENSIONS)
-    except (ImportError, AttributeError):
-        return _FALLBACK_EXTENSIONS
-
-
-def _array_to_nchw(arr: np.ndarray, batched: bool) -> np.ndarray:
-    """An image array ([H,W], [H,W,C] or [C,H,W]; with a leading N when ``batched``) as [N, C, H, W]."""
-    if not batched:
-        arr = arr[None]
-    if arr.ndim == 3:
-        return arr[:, None]
-    if arr.ndim == 4:
-        first, last = arr.shape[1], arr.shape[3]
-        if last in (1, 2, 3, 4) and first not in (1, 2, 3, 4):
-            return arr.transpose(0, 3, 1, 2)
-        if first in (1, 2, 3, 4):
-            return arr
-        if last in (1, 2, 3, 4):
-            return arr.transpose(0, 3, 1, 2)
-    shape = tuple(arr.shape[1:])
-    raise UserError(f"unsupported image array shape {shape}: expected [H, W], [H, W, C] or [C, H, W] with C in 1..4")
-
-
-def _to_uint8(arr: np.ndarray) -> np.ndarray:
-    if arr.dtype == np.uint8:
-        return arr
-    if arr.dtype == np.bool_:
-        return arr.astype(np.uint8) * 255
-    if np.issubdtype(arr.dtype, np.floating):
-        if arr.size and float(np.nanmax(arr)) <= 1.0:  # [0, 1] floats
-            arr = arr * 255.0
-        return np.nan_to_num(arr).round().clip(0, 255).astype(np.uint8)
-    return arr.clip(0, 255).astype(np.uint8)
-
-
-def _match_channels(x: torch.Tensor, channels: int) -> torch.Tensor:
-    """[N, C, H, W] uint8 with C in 1..4 -> [N, channels, H, W] (drops alpha; ITU-R 601-2 luma for gray)."""
-    c = x.shape[1]
-    if c == 2:  # gray + alpha
-        x, c = x[:, :1], 1
-    elif c == 4:  # RGBA
-        x, c = x[:, :3], 3
-    if c == channels:
-        return x
-    if channels == 3:
-        return x.expand(-1, 3, -1, -1)
-    weights = torch.tensor([0.299, 0.587, 0.114]).view(1, 3, 1, 1)
-    return (x.float() * weights).sum(1, keepdim=True).round().clamp(0, 255).to(torch.uint8)
-
-
-def images_to_nchw(arr: Any, channels: int, size: int, batched: bool = True) -> torch.Tensor:
-    """Image array(s) of any common layout/dtype -> uint8 [N, channels, size, size] (one batched resize)."""
-    from accel_train.data.vision import resize_uint8
-
-    x = torch.from_numpy(np.ascontiguousarray(_array_to_nchw(_to_uint8(np.asarray(arr)), batched)))
-    return resize_uint8(_match_channels(x, channels), size).contiguous()
-
-
-def image_to_chw(image: Any, channels: int, size: int) -> torch.Tensor:
-    """One PIL image or array -> uint8 [channels, size, size]."""
-    from PIL import Image
-
-    if isinstance(image, Image.Image):
-        mode = "L" if channels == 1 else "RGB"
-        if image.mode != mode:
-            image = image.convert(mode)
-        if image.size != (size, size):
-            image = image.resize((size, size), Image.Resampling.BILINEAR)  # PIL antialiases when shrinking
-        arr = np.asarray(image)
-        return torch.from_numpy(np.array(arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1), order="C"))
-    return images_to_nchw(image, channels, size, batched=False)[0]
-
-
-def infer_channels(image: Any) -> int:
-    """1 for grayscale images (PIL gray modes, 2-D or 1-/2-channel arrays), else 3."""
-    from PIL import Image
-
-    if isinstance(image, Image.Image):
-        return 1 if image.mode in GRAY_MODES else 3
-    return 1 if _array_to_nchw(np.asarray(image), batched=False).shape[1] <= 2 else 3
-
-
-def image_size_of(image: Any) -> tuple[int, int]:
-    """(height, width) of a PIL image, an array, or an undecoded datasets image dict (header read only)."""
-    from PIL import Image
-
-    if isinstance(image, dict):  # datasets.Image(decode=False): {"bytes": ..., "path": ...}
-        if image.get("bytes"):
-            with Image.open(io.BytesIO(image["bytes"])) as im:
-                return im.height, im.width
-        with Image.open(image["path"]) as im:
-            return im.height, im.width
-    if isinstance(image, Image.Image):
-        return image.height, image.width
-    shape = _array_to_nchw(np.asarray(image), batched=False).shape
-    return shape[2], shape[3]
+    """File extensions an image folder's index holds (lower case, with the dot)."""
+    return IMAGE_EXTENSIONS
 
 
 def choose_image_size(sizes: set[tuple[int, int]], requested: int | None) -> int:
@@ -264,31 +178,35 @@ def sample_stats(dataset: Dataset, k: int = STATS_SAMPLE) -> tuple[tuple[float, 
 # --------------------------------------------------------------------------- imagefolder
 
 
-def _class_dirs(directory: Path, extensions: frozenset[str]) -> dict[str, int]:
-    """Non-hidden subfolders of ``directory`` and how many images each holds (recursively)."""
-    counts: dict[str, int] = {}
-    for entry in sorted(directory.iterdir()):
-        if not entry.is_dir() or entry.name.startswith("."):
-            continue
-        n = 0
-        for _, dirnames, filenames in os.walk(entry):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            n += sum(1 for f in filenames if not f.startswith(".") and os.path.splitext(f)[1].lower() in extensions)
-        counts[entry.name] = n
-    return counts
+def _index(folder: Path) -> FolderIndex:
+    """The folder's index (cached: see folder_index), with the classes that hold no image left out."""
+    index = index_folder(folder, image_extensions())
+    counts = index.counts()
+    if all(counts.values()):
+        return index
+    kept = [i for i, name in enumerate(index.classes) if counts[name]]
+    relabel = np.full(len(index.classes), -1, dtype=np.int64)
+    relabel[kept] = np.arange(len(kept))
+    return replace(index, classes=[index.classes[i] for i in kept], labels=relabel[index.labels])
 
 
-def _check_classes(directory: Path, extensions: frozenset[str], least: int = 2) -> None:
-    counts = _class_dirs(directory, extensions)
-    with_images = [name for name, n in counts.items() if n > 0]
+def _check_classes(directory: Path, least: int = 2) -> FolderIndex:
+    index = _index(directory)
     layout = f"expected {directory}/<class name>/<image file>, one subfolder per class"
-    if not with_images:
-        what = "no class subfolders" if not counts else f"no image files in its subfolders ({', '.join(counts)})"
+    if not index.classes:
+        subfolders = sorted(e.name for e in os.scandir(directory) if e.is_dir() and not e.name.startswith("."))
+        what = f"no image files in its subfolders ({', '.join(subfolders)})" if subfolders else "no class subfolders"
         raise UserError(f"empty folder: {directory} has {what}; {layout}")
-    if len(with_images) < least:
+    if len(index.classes) < least:
         raise UserError(
-            f"{directory} has images for only one class ({with_images[0]!r}); need at least 2 classes: {layout}"
+            f"{directory} has images for only one class ({index.classes[0]!r}); need at least 2 classes: {layout}"
         )
+    return index
+
+
+def _class_dirs(directory: Path) -> dict[str, int]:
+    """Non-hidden subfolders of ``directory`` and how many images each holds (recursively)."""
+    return index_folder(directory, image_extensions()).counts()
 
 
 def imagefolder_layout(root: Path) -> tuple[str, Path]:
@@ -297,52 +215,13 @@ def imagefolder_layout(root: Path) -> tuple[str, Path]:
     ``("split", root/test)``: ``train/`` and ``test/`` (or ``val/``, ``validation/``); ``("test", root/test)``: a
     test folder is the only subfolder with images; ``("classes", root)``: class subfolders, no split of their own.
     """
-    extensions = image_extensions()
     test_dir = next((root / n for n in TEST_DIR_NAMES if (root / n).is_dir()), None)
     if test_dir is None:
         return "classes", root
     if (root / "train").is_dir():
         return "split", test_dir
-    with_images = [name for name, n in _class_dirs(root, extensions).items() if n > 0]
+    with_images = [name for name, n in _class_dirs(root).items() if n > 0]
     return ("test", test_dir) if with_images == [test_dir.name] else ("classes", root)
-
-
-@contextmanager
-def quiet_datasets() -> Iterator[None]:
-    """No "Downloading data" / "Generating train split" bars nor info logs from ``datasets`` while it
-    indexes local files (nothing is downloaded); its settings are restored after."""
-    import datasets
-    from datasets.utils import logging as ds_logging
-
-    bars_were_off = datasets.are_progress_bars_disabled()
-    verbosity = ds_logging.get_verbosity()
-    with warnings.catch_warnings():  # HF_DATASETS_DISABLE_PROGRESS_BARS=0 keeps the bars, with a warning
-        warnings.simplefilter("ignore")
-        datasets.disable_progress_bars()
-    ds_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        ds_logging.set_verbosity(verbosity)
-        if not bars_were_off:
-            datasets.enable_progress_bars()
-
-
-def _load_imagefolder(data_files: dict[str, str], where: Path):
-    import datasets
-
-    try:
-        with quiet_datasets():
-            dd = datasets.load_dataset("imagefolder", data_files=data_files)
-    except Exception as exc:  # the builder's errors for unreadable layouts vary between versions
-        raise UserError(f"cannot index the images in {where} with datasets' imagefolder: {exc}") from exc
-    features = dd["train"].features
-    if not isinstance(features.get("label"), datasets.ClassLabel):
-        raise UserError(
-            f"could not infer class labels for {where}: put every image exactly one level deep, in "
-            "<class name>/ subfolders, and remove any metadata.csv/metadata.jsonl file"
-        )
-    return dd
 
 
 def _root(path: str) -> Path:
@@ -352,31 +231,48 @@ def _root(path: str) -> Path:
     return root
 
 
-def _held_out(full, cfg: DataConfig, root: Path) -> tuple[list[int], list[int]]:
-    """(train, test) indices of a folder of classes: ``cfg.val_split`` held out per class, from ``cfg.seed``."""
-    labels = torch.as_tensor(full.select_columns(["label"]).with_format("numpy")[:]["label"])
-    train_idx, test_idx = stratified_split(labels, cfg.val_split, cfg.seed)
+def _held_out(index: FolderIndex, cfg: DataConfig, root: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(train, test) rows of a folder of classes: ``cfg.val_split`` held out per class, from ``cfg.seed``."""
+    train_idx, test_idx = stratified_split(torch.from_numpy(index.labels), cfg.val_split, cfg.seed)
     if len(test_idx) == 0 or len(train_idx) == 0:
         raise UserError(
-            f"{root}: val_split={cfg.val_split} leaves an empty train or test split for {len(labels)} images; "
+            f"{root}: val_split={cfg.val_split} leaves an empty train or test split for {len(index)} images; "
             "use a val_split between 0 and 1 (or more images per class)"
         )
-    return train_idx.tolist(), test_idx.tolist()
+    return train_idx.numpy(), test_idx.numpy()
 
 
-def _image_size(data, requested: int | None) -> int:
-    """``requested``, else the one square size a sample of the image headers share (see choose_image_size)."""
-    import datasets
+def _headers(index: FolderIndex, where: Path) -> tuple[Counter, set[tuple[int, int]]]:
+    """The PIL modes and sizes of the folder's images: of every image (each read whole, the unreadable ones named
+    with a count) up to :data:`FULL_CHECK_MAX` images, of an evenly spaced sample of headers above. Recorded with
+    the index, so a resume or another rank reads no image for them."""
+    facts = index.cache.facts.get("headers") if index.cache else None
+    if facts is None:
+        everything = len(index) <= FULL_CHECK_MAX
+        rows = range(len(index)) if everything else sample_indices(len(index), SIZE_SAMPLE)
+        modes, sizes = check_images((index.path(i) for i in rows), where, verify=everything)
+        facts = {"modes": dict(modes), "sizes": sorted(sizes), "read": len(rows)}
+        if index.cache:
+            index.cache.add_facts(headers=facts)
+    return Counter(facts["modes"]), {(int(h), int(w)) for h, w in facts["sizes"]}
 
-    undecoded = data.cast_column("image", datasets.Image(decode=False))
-    sizes = {image_size_of(undecoded[i]["image"]) for i in sample_indices(len(undecoded), SIZE_SAMPLE)}
-    return choose_image_size(sizes, requested)
+
+def _stats(dataset: FileImageDataset, what: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Mean/std of an evenly spaced sample of ``dataset`` (see sample_stats), recorded with its index."""
+    cache = dataset.index.cache
+    key = f"stats:{what}:{dataset.channels}:{dataset.size}"
+    if cache is not None and key in cache.facts:
+        mean, std = cache.facts[key]
+        return tuple(mean), tuple(std)
+    mean, std = sample_stats(dataset)
+    if cache is not None:
+        cache.add_facts(**{key: [list(mean), list(std)]})
+    return mean, std
 
 
 def build_imagefolder(cfg: DataConfig, path: str) -> DataSplits:
     """Classification data from a folder of class subfolders (see the module docstring)."""
     root = _root(path)
-    extensions = image_extensions()
     layout, test_dir = imagefolder_layout(root)
     if layout == "test":
         raise UserError(
@@ -384,28 +280,28 @@ def build_imagefolder(cfg: DataConfig, path: str) -> DataSplits:
             f"{root}/train/<class name>/ (eval.py evaluates {test_dir.name}/ as it is)"
         )
     split_layout = layout == "split"
-    # every image opened once first: unreadable ones are named (with a count) before datasets indexes them
-    modes = check_image_files([root / "train", test_dir] if split_layout else [root], extensions, root)
     if split_layout:
-        _check_classes(root / "train", extensions)
-        _check_classes(test_dir, extensions)
-        dd = _load_imagefolder({"train": str(root / "train" / "**"), "test": str(test_dir / "**")}, root)
-        train, test = dd["train"], dd["test"]
+        train_index = _check_classes(root / "train")
+        test_index = _check_classes(test_dir)
+        train_rows, test_rows, what = None, None, "all"
+        modes, sizes = _headers(train_index, root)
+        modes += _headers(test_index, root)[0]
+        test_map = _label_map(test_index.classes, train_index.classes, test_dir)
     else:
-        _check_classes(root, extensions)
-        full = _load_imagefolder({"train": str(root / "**")}, root)["train"]
-        train_idx, test_idx = _held_out(full, cfg, root)
-        train, test = full.select(train_idx), full.select(test_idx)
-    class_names = list(train.features["label"].names)
-    # colour if any image has colour; decode the first image only without modes (a bad one fails later, named)
-    channels = channels_for(modes) if modes else infer_channels(train[0]["image"])
-    size = _image_size(train, cfg.image_size)
+        train_index = test_index = _check_classes(root)
+        train_rows, test_rows = _held_out(train_index, cfg, root)
+        what, test_map = f"split:{cfg.val_split}:{cfg.seed}", None
+        modes, sizes = _headers(train_index, root)
+    class_names = list(train_index.classes)
+    channels = channels_for(modes)  # colour if any image read has colour
+    size = choose_image_size(sizes, cfg.image_size)
     transform, augment = augment_for(cfg, size)
-    train_ds = LazyImageDataset(train, "image", "label", channels, size, transform=transform)
-    test_ds = LazyImageDataset(test, "image", "label", channels, size)
-    mean, std = sample_stats(train_ds)
+    train_ds = FileImageDataset(train_index, channels, size, train_rows, transform=transform)
+    test_ds = FileImageDataset(test_index, channels, size, test_rows, label_map=test_map)
+    mean, std = _stats(train_ds, what)
     info = DatasetInfo(f"imagefolder:{path}", len(class_names), channels, size, class_names, mean, std)
     extra = {"source": str(root), "augment": augment, "split": "folders" if split_layout else "stratified"}
+    extra["index_digest"] = f"{train_index.digest()}-{test_index.digest()}"  # build.py: the same on every rank
     extra["notes"] = mixed_modes_note(root, modes, channels)  # printed once by the run (plan_warnings.warn_about_run)
     return DataSplits(train_ds, test_ds, info, in_memory=False, extra=extra)
 
@@ -435,29 +331,27 @@ def build_imagefolder_eval(
     ``extra["evaluated"]`` says in words which images were scored.
     """
     root = _root(path)
-    extensions = image_extensions()
     layout, folder = imagefolder_layout(root)
-    modes = check_image_files([folder], extensions, root)
-    _check_classes(folder, extensions, least=1)
-    data = _load_imagefolder({"train": str(folder / "**")}, root)["train"]
-    total = len(data)
+    index = _check_classes(folder, least=1)
+    modes, sizes = _headers(index, root)
+    total = len(index)
+    rows, what = None, "all"
     if layout == "classes" and held_out:
-        data = data.select(_held_out(data, cfg, root)[1])
+        rows, what = _held_out(index, cfg, root)[1], f"held-out:{cfg.val_split}:{cfg.seed}"
         evaluated = (
-            f"the {len(data)} of {total} images in {root} that --val-split {cfg.val_split} --seed {cfg.seed} holds out"
+            f"the {len(rows)} of {total} images in {root} that --val-split {cfg.val_split} --seed {cfg.seed} holds out"
         )
     elif layout == "classes":
         evaluated = f"every image in {root} ({total}, no train/ or test/ subfolders)"
     else:
         evaluated = f"every image in {folder} ({total}, {'its test split' if layout == 'split' else 'the only split'})"
-    found = list(data.features["label"].names)
-    label_map = _label_map(found, class_names, folder)
-    channels = channels or (channels_for(modes) if modes else infer_channels(data[0]["image"]))
-    size = _image_size(data, cfg.image_size)
-    test_ds = LazyImageDataset(data, "image", "label", channels, size, label_map=label_map)
-    names = class_names or found
-    mean, std = sample_stats(test_ds)
+    label_map = _label_map(index.classes, class_names, folder)
+    channels = channels or channels_for(modes)
+    size = choose_image_size(sizes, cfg.image_size)
+    test_ds = FileImageDataset(index, channels, size, rows, label_map=label_map)
+    names = class_names or list(index.classes)
+    mean, std = _stats(test_ds, what)
     info = DatasetInfo(f"imagefolder:{path}", len(names), channels, size, names, mean, std)
     extra = {"source": str(root), "split": layout, "evaluated": evaluated}
-    empty = LazyImageDataset(data.select([]), "image", "label", channels, size)
+    empty = FileImageDataset(index, channels, size, np.zeros(0, dtype=np.int64))
     return DataSplits(empty, test_ds, info, in_memory=False, extra=extra)

@@ -67,19 +67,33 @@ def read_image(path: str | os.PathLike, mode: str, size: int):
             raise UserError(f"cannot read image {path}: {' '.join(str(exc).split())[:200]}") from None
 
 
-def _problem(path: Path) -> tuple[str | None, str | None]:
-    """(mode, None) for a readable image, (None, why) for one that is not."""
+def _problem(path: Path, verify: bool = True) -> tuple[str | None, tuple[int, int] | None, str | None]:
+    """(mode, (height, width), None) for a readable image, (None, None, why) for one that is not. ``verify``: read
+    the whole file (truncated or corrupt data, bad checksums), else the header only."""
     try:
         if path.stat().st_size == 0:
-            return None, "empty (0 bytes)"
+            return None, None, "empty (0 bytes)"
         with open_image(path) as image:
-            mode = image.mode
-            image.verify()  # reads the whole file: truncated or corrupt data, bad checksums
-        return mode, None
+            mode, size = image.mode, (image.height, image.width)
+            if verify:
+                image.verify()
+        return mode, size, None
     except UserError as exc:
-        return None, str(exc).removeprefix(f"cannot read image {path}: ")
+        return None, None, str(exc).removeprefix(f"cannot read image {path}: ")
     except (*DECODE_ERRORS, MemoryError) as exc:
-        return None, " ".join(str(exc).split())[:120] or type(exc).__name__
+        return None, None, " ".join(str(exc).split())[:120] or type(exc).__name__
+
+
+def refuse_loop(parent: str, name: str, real_parent: str | None = None) -> None:
+    """A one-line UserError if the folder ``parent/name`` is a link back to a folder that contains it (walking
+    it with links followed would never end)."""
+    real = real_parent or os.path.realpath(parent)
+    target = os.path.realpath(os.path.join(parent, name))
+    if real == target or real.startswith(target + os.sep):
+        raise UserError(
+            f"{os.path.join(parent, name)} links back to {target}, a folder that contains it (a directory loop); "
+            "remove the link"
+        )
 
 
 def image_files(directory: Path, extensions: Iterable[str]) -> Iterator[Path]:
@@ -87,13 +101,8 @@ def image_files(directory: Path, extensions: Iterable[str]) -> Iterator[Path]:
     extensions = frozenset(extensions)
     for parent, dirnames, filenames in os.walk(directory, followlinks=True):
         real = os.path.realpath(parent)
-        for name in list(dirnames):
-            target = os.path.realpath(os.path.join(parent, name))
-            if real == target or real.startswith(target + os.sep):
-                raise UserError(
-                    f"{os.path.join(parent, name)} links back to {target}, a folder that contains it (a directory "
-                    "loop); remove the link"
-                )
+        for name in dirnames:
+            refuse_loop(parent, name, real)
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in sorted(filenames):
             if not name.startswith(".") and os.path.splitext(name)[1].lower() in extensions:
@@ -105,21 +114,29 @@ def check_image_files(directories: Iterable[Path], extensions: Iterable[str], wh
 
     Returns how many images there are of each PIL mode (``L``, ``RGB``, ``RGBA``, ...).
     """
+    paths = [path for directory in directories for path in image_files(directory, extensions)]
+    return check_images(paths, where)[0]
+
+
+def check_images(paths: Iterable[Path], where: Path, verify: bool = True) -> tuple[Counter, set[tuple[int, int]]]:
+    """Open each image once (``verify``: read it whole); the unreadable ones are one UserError naming them with a
+    count. Returns how many images there are of each PIL mode, and the (height, width) sizes found."""
     modes: Counter = Counter()
+    sizes: set[tuple[int, int]] = set()
     bad: list[str] = []
     total = 0
-    for directory in directories:
-        for path in image_files(directory, extensions):
-            total += 1
-            mode, why = _problem(path)
-            if why is None:
-                modes[mode] += 1
-            else:
-                bad.append(f"{path.relative_to(where) if path.is_relative_to(where) else path} ({why})")
+    for path in paths:
+        total += 1
+        mode, size, why = _problem(path, verify)
+        if why is None:
+            modes[mode] += 1
+            sizes.add(size)
+        else:
+            bad.append(f"{path.relative_to(where) if path.is_relative_to(where) else path} ({why})")
     if bad:
         shown = "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
         raise UserError(f"{where}: {len(bad)} of {total} image files cannot be read: {shown}; remove or replace them")
-    return modes
+    return modes, sizes
 
 
 def mixed_modes_note(where: Path, modes: Counter, channels: int) -> list[str]:

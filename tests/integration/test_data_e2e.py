@@ -120,3 +120,29 @@ def test_imagefolder_unreadable_images_through_train_script(tmp_path):
     root = image_folder_with(tmp_path, "corrupt", "empty")
     args = [*FAST, "--dataset", f"imagefolder:{root}", "--output-dir", str(tmp_path / "run")]
     run_bad("train.py", args, [tmp_path], ["2 of 10 image files cannot be read", "corrupt.png", "empty.png"])
+
+
+def test_an_image_folder_gives_the_same_weights_on_two_processes_with_workers(tmp_path):
+    """Two gloo ranks, each with a DataLoader worker, on a folder both index (rank 0 first, then rank 1 reads its
+    cached index: the folder is dated an hour back, as a folder nobody touched lately), against one plain process:
+    the same global batches, so the same weights (SGD), and one cached index."""
+    import os
+    import time
+
+    root = write_image_folder(tmp_path / "folder", classes=("a", "b", "c"), per_class=24, size=16, with_splits=True)
+    then = time.time() - 3600
+    for parent, _, _ in os.walk(root):
+        os.utime(parent, (then, then))
+    cache = tmp_path / "cache"
+    args = ["--dataset", f"imagefolder:{root}", "--model", "lenet", "--global-batch-size", "16", "--max-steps", "6"]
+    args += ["--optimizer", "sgd", "--lr", "0.05", *FAST]
+    env = {"ACCEL_TRAIN_CACHE": str(cache)}
+    from conftest import run_script
+
+    two = run_script("train.py", *args, "--num-workers", "1", "--output-dir", str(tmp_path / "two"),
+                     config="multi_cpu.yaml", env=env)  # fmt: skip
+    check(two)
+    check(run_here("train.py", *args, "--output-dir", str(tmp_path / "one")))
+    assert summary(tmp_path / "two")["world_size"] == 2
+    assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "two")) <= 1e-5
+    assert len(list(cache.glob("imagefolder/*.npz"))) == 2  # train/ and test/, indexed once each

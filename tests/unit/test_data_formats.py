@@ -36,6 +36,7 @@ from datafiles import (
 from accel_train.data import DataConfig, build_dataset, collate_batch
 from accel_train.data.base import TensorImageDataset
 from accel_train.data.folder import LazyImageDataset
+from accel_train.data.folder_index import FileImageDataset
 from accel_train.data.vision import read_cifar_pickle, read_idx
 from accel_train.errors import UserError
 
@@ -311,7 +312,7 @@ def test_imagefolder_stratified_split(tmp_path):
     root = write_image_folder(tmp_path / "imgs", classes=("a", "b", "c"), per_class=6, size=16)
     splits = build_dataset(_cfg(dataset=f"imagefolder:{root}", val_split=0.2, seed=3))
     assert splits.in_memory is False
-    assert isinstance(splits.train, LazyImageDataset)
+    assert isinstance(splits.train, FileImageDataset)
     assert (len(splits.train), len(splits.test)) == (14, 4)  # datasets' train_test_split: ceil(0.2 * 18) to test
     info = splits.info
     assert (info.num_classes, info.in_channels, info.image_size) == (3, 3, 16)
@@ -607,3 +608,29 @@ def test_augment_crops_the_in_memory_sources_too(dataset):
     assert torch.equal(labels, aug_labels) and cropped.shape == raw.shape and cropped.dtype == torch.uint8
     assert not torch.equal(cropped, raw)
     assert torch.equal(aug.train.__getitems__(indices)[0], cropped)  # keyed: the same batch again
+
+
+@pytest.mark.parametrize("seed", [0, 3, 42])
+def test_stratified_split_is_datasets_train_test_split(seed):
+    """base.stratified_split runs datasets' stratified algorithm on the labels alone: the same indices as
+    ``Dataset.train_test_split(stratify_by_column=...)`` (what earlier versions called, so a resumed run keeps its
+    split), for uneven classes, odd fractions and a class too small to split."""
+    import datasets
+
+    from accel_train.data.base import stratified_split
+
+    gen = torch.Generator().manual_seed(seed)
+    for n, k, fraction in ((17, 3, 0.2), (250, 7, 0.33), (1000, 10, 0.05), (40, 2, 0.5), (9, 5, 0.2)):
+        labels = torch.randint(0, k, (n,), generator=gen) * 3 - 1
+        classes, codes = torch.unique(labels, return_inverse=True)
+        table = datasets.Dataset.from_dict(
+            {"i": list(range(n)), "y": codes.tolist()},
+            features=datasets.Features({"i": datasets.Value("int64"), "y": datasets.ClassLabel(len(classes))}),
+        )
+        try:
+            split = table.train_test_split(fraction, stratify_by_column="y", seed=seed, keep_in_memory=True)
+            expected = sorted(split["train"]["i"]), sorted(split["test"]["i"])
+        except ValueError:
+            expected = [], []
+        train, test = stratified_split(labels, fraction, seed)
+        assert (train.tolist(), test.tolist()) == expected, (n, k, fraction)
