@@ -27,6 +27,7 @@ from benchmarks.gpu_runs import _finite, _g, _run_facts, _run_problems, _verdict
 
 FP16_MAX_SKIPPED = 0.1  # more overflowed steps than this share means the loss scale never settled
 THROUGHPUT_ROWS = ("fp32", "tf32", "bf16", "fp16")
+TIMED_AFTER_STEPS = 5  # accel_train.trainer.WARMUP_STEPS_EXCLUDED: samples/s leaves out the first steps
 SPEEDRUN_STEPS = 648  # configs/airbench_cifar10.yaml's max_steps (13.5 epochs of 48 batches of 1024)
 SPEEDRUN_PUBLISHED_S = 5.5  # airbench's A100 seconds for that recipe (benchmarks/speedrun.py, PUBLISHED)
 
@@ -88,11 +89,11 @@ def judge_pytest(m: dict[str, Any]) -> tuple[str, str]:
     return FAIL, f"{line}, pytest exit {m.get('returncode')}{why}"
 
 
-# ---- throughput: fp32 (TF32 off), tf32, bf16, fp16 as separate rows ----------------------------------------------
+# ---- throughput: fp32 (TF32 off), tf32, bf16, fp16 as separate rows (throughput-bf16: the bf16 row alone) ---------
 def measure_throughput(ctx, outputs, check) -> dict[str, Any]:
     gemm = json.loads(Path(check.step("gemm").argv[-1]).read_text())
     runs = {}
-    for row in THROUGHPUT_ROWS:
+    for row in (step.label for step in check.steps if step.label in THROUGHPUT_ROWS):
         run = check.step(row).out_dir
         s = summary(run)
         runs[row] = {
@@ -134,23 +135,45 @@ def throughput_metrics(gemm: dict[str, Any], runs: dict[str, dict[str, Any]], st
     }
 
 
-def judge_throughput(m: dict[str, Any]) -> tuple[str, str]:
+def _rows_problems(m: dict[str, Any], rows: tuple[str, ...]) -> list[str]:
     runs, problems = m.get("runs", {}), []
-    for row in THROUGHPUT_ROWS:
+    for row in rows:
         if row not in runs:
             problems.append(f"no {row} row")
             continue
         problems += _row_problems(row, runs[row], m.get("expected_steps"))
     if not _finite(m.get("peak_bf16_tflops")):
         problems.append("no GEMM peak measured")
+    return problems
+
+
+def judge_throughput(m: dict[str, Any]) -> tuple[str, str]:
+    problems = _rows_problems(m, THROUGHPUT_ROWS)
     if problems:
         return FAIL, "; ".join(problems)
+    runs = m["runs"]
     rates = ", ".join(f"{row} {runs[row]['samples_per_s']:,.0f}" for row in THROUGHPUT_ROWS)
     best = max(THROUGHPUT_ROWS, key=lambda r: runs[r]["samples_per_s"])
     mfu = runs[best].get("mfu")
     return PASS, (
         f"samples/s: {rates}; best {best}, MFU {mfu:.1%} of the measured {m['peak_bf16_tflops']} TFLOP/s bf16 peak; "
         f"fp16 loss scale {runs['fp16']['loss_scale']:g}"
+    )
+
+
+def judge_throughput_bf16(m: dict[str, Any]) -> tuple[str, str]:
+    """The bf16 row alone: it runs in bf16, in channels_last (the CUDA default for a CNN), to the end."""
+    problems = _rows_problems(m, ("bf16",))
+    row = m.get("runs", {}).get("bf16", {})
+    if row and row.get("channels_last") is not True:
+        problems.append(f"bf16: channels_last {row.get('channels_last')!r}, expected the CUDA default (True)")
+    if problems:
+        return FAIL, "; ".join(problems)
+    mfu, memory = row.get("mfu"), row.get("peak_memory_mb")
+    return PASS, (
+        f"bf16 {row['samples_per_s']:,.0f} samples/s, MFU {'-' if mfu is None else f'{mfu:.1%}'} of the measured "
+        f"{m['peak_bf16_tflops']} TFLOP/s bf16 GEMM peak ({_g(row.get('achieved_tflops'))} TFLOP/s)"
+        + ("" if memory is None else f", peak memory {memory:,.0f} MB")
     )
 
 

@@ -1,4 +1,5 @@
-"""Models for the GPU acceptance's runs: ``--model benchmarks.gpu_models:dropout_net`` (or ``:bn_net``).
+"""Models for the GPU acceptance's runs: ``--model benchmarks.gpu_models:dropout_net`` (or ``:bn_net``,
+``:bn_dropout_net``).
 
 :class:`DropoutNet` calls ``F.dropout`` in ``forward``, so its masks come from the device's own global RNG
 (the CUDA generator on a GPU): accel_train's keyed dropout replaces ``nn.Dropout`` modules, not this call,
@@ -79,3 +80,25 @@ class BNNet(nn.Module):
 def bn_net(num_classes: int = 10, in_channels: int = 3, image_size: int = 32) -> BNNet:
     """``--model benchmarks.gpu_models:bn_net``."""
     return BNNet(num_classes, in_channels, image_size)
+
+
+class BNDropoutNet(BNNet):
+    """:class:`BNNet` with ``F.dropout`` before its linear layer and the inputs recorded (as :class:`DropoutNet`):
+    the default CUDA path of a CNN (BatchNorm, channels_last under bf16) with state that uses the CUDA RNG, for
+    the single-GPU bf16 stop-and-resume check."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, image_size: int = 32, p: float = 0.25):
+        super().__init__(num_classes, in_channels, image_size)
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            _record(x)
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
+        return self.fc(F.dropout(x.flatten(1), self.p, self.training))
+
+
+def bn_dropout_net(num_classes: int = 10, in_channels: int = 3, image_size: int = 32) -> BNDropoutNet:
+    """``--model benchmarks.gpu_models:bn_dropout_net``."""
+    return BNDropoutNet(num_classes, in_channels, image_size)

@@ -356,9 +356,9 @@ def markdown(results: list[CheckResult], info: dict[str, Any]) -> str:
         took = f"{r.duration_s:.0f} s" if r.duration_s is not None else "-"
         limit = f" / {r.timeout_s} s" if r.timeout_s else ""
         lines.append(f"| {r.name} | {r.status} | {took}{limit} | {_cell(r.detail)} |")
-    throughput = next((r for r in results if r.name == "throughput" and r.metrics.get("runs")), None)
-    if throughput:
-        lines += throughput_markdown(throughput.metrics)
+    for r in results:
+        if r.name.startswith("throughput") and r.metrics.get("runs"):  # throughput-bf16, throughput
+            lines += throughput_markdown(r.metrics, r.name)
     lines += ["", "What each check covers, its commands and its log:", ""]
     for r in results:
         lines += [f"* **{r.name}**" + (f" ({r.exercises})" if r.exercises else "")]
@@ -367,11 +367,11 @@ def markdown(results: list[CheckResult], info: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def throughput_markdown(m: dict[str, Any]) -> list[str]:
+def throughput_markdown(m: dict[str, Any], name: str = "throughput") -> list[str]:
     peak = m.get("peak_bf16_tflops")
     lines = [
         "",
-        "## Throughput",
+        f"## Throughput ({name})",
         "",
         f"MFU = training FLOPs per sample ({(m.get('train_flops_per_sample') or 0) / 1e9:.3f} GFLOP: forward x3, "
         f"FlopCounterMode) x samples/s / this GPU's measured bf16 GEMM peak ({peak} TFLOP/s), for every row. "

@@ -1,11 +1,12 @@
 """The GPU acceptance's command line, and the machine it runs on (packages, CUDA GPUs, versions).
 
 ``scripts/gpu_acceptance.py`` runs :func:`main`. ``--plan --json`` prints the exact commands a session runs on
-the GPU machine (each within one device command's limit, all within a session's device time), the four
-wheels to carry and the line that installs them; docs/gpu/README.md says how to run them with the device tool.
-The checks, in plan order (``CHECK_NAMES``), are defined in ``gpu_checks`` and grouped into device commands by
-``gpu_plan``; how they run is ``gpu_runner``, how they are judged ``gpu_judges`` (with ``gpu_judges_state`` and
-``gpu_judges_parallel``), and what runs on the device besides ``scripts/train.py`` is ``gpu_probe``.
+the GPU machine (the decisive verdicts first, each within one device command's limit, all within a session's
+device time), the four wheels to carry and the line that installs them; docs/gpu/README.md says how to run them
+with the device tool. The checks, in plan order (``CHECK_NAMES``), are defined in ``gpu_checks``, sized by
+``gpu_sizing`` and grouped into device commands by ``gpu_plan``; how they run is ``gpu_runner``, how they are
+judged ``gpu_judges`` (with ``gpu_judges_state`` and ``gpu_judges_parallel``), and what runs on the device besides
+``scripts/train.py`` is ``gpu_probe``.
 """
 
 from __future__ import annotations

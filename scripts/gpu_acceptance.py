@@ -2,14 +2,14 @@
 """GPU acceptance: run accel_train's GPU checks on this machine and write down what happened.
 
     python scripts/gpu_acceptance.py --plan --json     # the device plan: commands, timeouts, wheels (no GPU needed)
-    python scripts/gpu_acceptance.py --only resume,fsdp --budget-s 300 --out DIR [--commit SHA]
+    python scripts/gpu_acceptance.py --only bf16-resume,ddp --budget-s 90 --out DIR [--commit SHA]
 
 Each check runs its children with their output streamed to ``OUT/<check>.log`` and is judged from what they
 wrote; ``OUT/acceptance.json`` and ``OUT/acceptance.md`` are rewritten before and after every check, so a run
 killed at any moment leaves a report of the checks done so far. A check cut by its timeout or the budget is
 "not run (timeout)" / "not run (budget)", never "pass" and never "fail". docs/gpu/README.md has the plan and
 how to run it with the device tool; the machinery is in benchmarks/gpu_suite.py, gpu_checks.py, gpu_plan.py,
-gpu_runner.py, gpu_judges*.py (with gpu_runs.py) and gpu_probe.py.
+gpu_sizing.py, gpu_runner.py, gpu_judges*.py (with gpu_runs.py) and gpu_probe.py.
 
 Exit codes: 0 no check failed, 1 a check failed, 2 this machine cannot run the checks (no CUDA GPU, missing
 packages: the line says what to do), 128 + N when signal N stopped it (the report is written first).

@@ -1,6 +1,8 @@
 """Issue 25: the GPU acceptance, without a GPU.
 
-The plan fits the lent machine (each command within 570 s, all within 1650 s, the required checks named);
+The plan fits today's device time (15 minutes a session: the first command within 480 s holds the decisive
+verdicts in order, the second within 300 s, each within 570 s, all within 780 s; every timeout at least 1.3x the
+check's expected seconds on an H100);
 a run killed with SIGKILL leaves a report of the checks done so far; a check cut by the budget or its
 timeout is "not run", never "pass" or "fail"; and every judge fails on a deliberately wrong result (an
 honest check is one seen failing). The resume judge is also shown failing on a real wrong run on the CPU:
@@ -25,7 +27,9 @@ from benchmarks import gpu_checks as C
 from benchmarks import gpu_judges as J
 from benchmarks import gpu_judges_parallel as JP
 from benchmarks import gpu_judges_state as JS
+from benchmarks import gpu_plan as P
 from benchmarks import gpu_runner as R
+from benchmarks import gpu_sizing as Z
 from benchmarks import gpu_suite as S
 from benchmarks.gpu_runs import tensor_diff
 
@@ -36,6 +40,74 @@ def test_every_check_has_a_timeout_and_the_default_budget_fits_one_command():
     assert [c.name for c in checks] == list(C.CHECK_NAMES)
     assert all(0 < c.timeout_s <= 570 for c in checks)
     assert S.parse_args([]).budget_s < 570
+
+
+DECISIVE = ["setup", "bf16-resume", "ddp", "throughput-bf16", "compile"]
+
+
+def _plan() -> dict:
+    return P.device_plan(R.Context(Path("work"), Path("out"), 1, 0), "abc1234")
+
+
+def test_the_first_command_holds_the_decisive_verdicts_in_order_within_todays_device_time():
+    """15 minutes of device time a session (the machine's start and the hand-back included), 10 a command: the first
+    command answers setup, single-GPU bf16 train+resume, NCCL DDP, the bf16 throughput row and compile, in that
+    order, whatever the rest gets."""
+    plan = _plan()
+    first, second = plan["commands"]
+    assert first["checks"] == DECISIVE and first["timeout_s"] <= 480 and first["budget_s"] <= 450
+    assert second["timeout_s"] <= 300
+    assert all(c["timeout_s"] <= 570 for c in plan["commands"])
+    assert plan["total_timeout_s"] == sum(c["timeout_s"] for c in plan["commands"]) <= 780
+    assert plan["limits"]["device_session_s"] == 900 and plan["limits"]["total_s"] == 780
+    assert plan["total_expected_s"] < plan["total_timeout_s"]
+    assert all(len(c["checks"]) + 2 <= 8 for c in [*plan["commands"], plan["later"]])  # the tool brings back 8 files
+
+
+def test_the_decisive_checks_run_what_they_are_named_for():
+    checks = {c.name: c for c in C.build_checks(R.Context(Path("work"), Path("out"), 1, 0), DECISIVE)}
+    resume = [" ".join(s.argv) for s in checks["bf16-resume"].steps]
+    assert len(resume) == 3 and all("--mixed-precision bf16" in a for a in resume)
+    assert not any("channels-last" in a for a in resume)  # the CUDA default for a CNN is what is checked
+    assert "--stop-at-step 17" in resume[1] and "--resume auto" in resume[2]
+    ddp = checks["ddp"].step("ddp")
+    assert ddp.shell().count("multi_gpu.yaml --num_processes 1") == 1 and ddp.env["NCCL_DEBUG"] == "INFO"
+    assert [s.label for s in checks["throughput-bf16"].steps] == ["gemm", "bf16"]
+    assert sum("--compile" in s.argv for s in checks["compile"].steps) == 3
+
+
+def test_every_timeout_is_at_least_1_3_times_the_checks_expected_seconds():
+    """Each check is sized from what it starts (processes whose start-up was measured on the CPU, what a GPU adds)
+    and its FLOPs; the plan says the expected seconds and keeps 30% beyond them, also for each command's own
+    start-up (the install, the driver, the first command's cold disk)."""
+    assert set(Z.TERMS) == set(C.CHECK_NAMES)
+    for name in C.CHECK_NAMES:
+        assert C.TIMEOUTS[name] >= Z.MARGIN * Z.expected_s(name) > 0, name
+    plan = _plan()
+    expected = {c["name"]: c["expected_s"] for c in plan["checks"]}
+    for i, cmd in enumerate([*plan["commands"], plan["later"]]):
+        assert cmd["expected_s"] == pytest.approx(sum(expected[n] for n in cmd["checks"]), abs=0.2)
+        assert cmd["timeout_s"] - cmd["budget_s"] >= Z.MARGIN * Z.command_overhead_s(first=i == 0)
+    assert all(sum(t["s"] for t in c["expected"]) == pytest.approx(c["expected_s"], abs=0.2) for c in plan["checks"])
+
+
+def test_every_check_is_in_a_command_or_the_plan_says_why_not():
+    plan = _plan()
+    planned = [n for c in plan["commands"] for n in c["checks"]]
+    assert len(planned) == len(set(planned)) and not set(planned) & set(plan["not_in_plan"])
+    assert set(planned) | set(plan["not_in_plan"]) == set(C.CHECK_NAMES)
+    assert set(plan["later"]["checks"]) <= set(plan["not_in_plan"]) and plan["later"]["timeout_s"] <= 300
+    assert all(len(why) > 40 for why in plan["not_in_plan"].values())
+    assert planned + plan["later"]["checks"] + ["dp_ddp"] == list(C.CHECK_NAMES)  # CHECK_NAMES is the plan's order
+
+
+def test_the_sizing_flops_are_the_flop_counters():
+    from accel_train.trainer import WARMUP_STEPS_EXCLUDED
+    from benchmarks.gpu_probe import model_train_flops_per_sample
+
+    for model, flops in Z.TRAIN_FLOPS.items():
+        assert flops == pytest.approx(model_train_flops_per_sample(model), rel=0.01), model
+    assert J.TIMED_AFTER_STEPS == WARMUP_STEPS_EXCLUDED
 
 
 def test_every_training_command_of_the_plan_parses(tmp_path):
@@ -202,6 +274,28 @@ def test_throughput_judge_needs_true_fp32_separate_tf32_and_a_real_fp16_loss_sca
     _judged(J.judge_throughput, good, wrongs)
 
 
+def _throughput_bf16_good() -> dict:
+    row = _run(200, mixed_precision="bf16", tf32=True, channels_last=True, samples_per_s=30000.0, loss_scale=None,
+               peak_memory_mb=2048.0)  # fmt: skip
+    return J.throughput_metrics({"train_flops_per_sample": 3.33e9, "peak_bf16_tflops": 790.0}, {"bf16": row}, 200)
+
+
+def test_throughput_bf16_judge_needs_a_whole_bf16_row_in_channels_last_and_the_gemm_peak():
+    good = _throughput_bf16_good()
+    assert good["runs"]["bf16"]["mfu"] == pytest.approx(3.33e9 * 30000 / 790e12, abs=1e-4)
+    status, detail = J.judge_throughput_bf16(good)
+    assert status == R.PASS and "30,000 samples/s, MFU 12.7%" in detail and "2,048 MB" in detail
+    _judged(J.judge_throughput_bf16, good, {
+        "ran as fp16": _wrong(good, runs__bf16__mixed_precision="fp16"),
+        "NCHW": _wrong(good, runs__bf16__channels_last=False),
+        "no row": {**good, "runs": {}},
+        "no peak": _wrong(good, peak_bf16_tflops=None),
+        "no samples/s": _wrong(good, runs__bf16__samples_per_s=None),
+        "short": _wrong(good, runs__bf16__global_step=120),
+        "on the CPU": _wrong(good, runs__bf16__device="cpu"),
+    })  # fmt: skip
+
+
 def _resume_good() -> dict:
     return {
         "device": "cuda:0", "global_steps": [40, 40], "expected_steps": 40, "stop_at": 17,
@@ -224,6 +318,23 @@ def test_resume_judge_fails_on_weights_optimizer_order_and_an_rng_nothing_used()
         "restore error": _wrong(good, restore_errors=["rank 0's random state is not restored (x)"]),
         "silent fresh start": _wrong(good, resume_reported=False),
         "short": _wrong(good, global_steps=[40, 39]),
+    })  # fmt: skip
+
+
+def test_bf16_resume_judge_needs_bf16_in_channels_last_and_near_bitwise_weights():
+    bf16 = _run(40, mixed_precision="bf16", channels_last=True)
+    good = {**_resume_good(), "runs": {"straight": bf16, "resumed": dict(bf16)}}
+    assert JS.judge_bf16_resume(good) == (R.PASS, JS.judge_bf16_resume(good)[1])
+    assert "bitwise equal" in JS.judge_bf16_resume(good)[1]
+    assert JS.judge_bf16_resume(_wrong(good, weights_max_abs_diff=5e-5))[0] == R.PASS  # round-off, far below a mistake
+    _judged(JS.judge_bf16_resume, good, {
+        "fp32": _wrong(good, runs__straight__mixed_precision="no"),
+        "NCHW": _wrong(good, runs__resumed__channels_last=False),
+        "weights (a wrong RNG state moved them 8.6e-4 on the CPU)": _wrong(good, weights_max_abs_diff=8.6e-4),
+        "momentum lost": _wrong(good, optimizer_max_abs_diff=7e-2),
+        "CUDA RNG not restored": _wrong(good, rng__cuda__equal=False),
+        "order": _wrong(good, data_order__max_rel_diff=0.02),
+        "silent fresh start": _wrong(good, resume_reported=False),
     })  # fmt: skip
 
 
