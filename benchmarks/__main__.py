@@ -12,6 +12,9 @@ CIFAR-10 time to 94% (--speedrun, on by default where a GPU is visible): airbenc
 python -m benchmarks.speedrun runs it alone.
 
 Writes OUT/benchmark.json, OUT/benchmark.md and OUT/benchmark.png (see benchmarks/bench.py).
+
+python -m benchmarks data-scale --root DIR [--train 100000]   # an image folder at scale beside torchvision's
+(benchmarks/data_scale.py: time to the first step, a second launch, a resume, indexing memory, pipeline images/s)
 """
 
 import sys
@@ -98,6 +101,11 @@ def _parser():
 def main(argv=None):
     from accel_train.errors import UserError
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["data-scale"]:
+        from benchmarks.data_scale import main as data_scale
+
+        return data_scale(argv[1:])
     args = _parser().parse_args(argv)
     if args.repeats is not None and args.repeats < 1:
         raise UserError(f"--repeats must be >= 1, got {args.repeats}")
@@ -126,7 +134,7 @@ def main(argv=None):
         workload=args.workload,
         tf32=args.tf32,
         speedrun=args.speedrun,
-        command=shlex.join(["python", "scripts/benchmark.py", *(sys.argv[1:] if argv is None else argv)]),
+        command=shlex.join(["python", "scripts/benchmark.py", *argv]),
         readme=args.readme,
     )
     report = run_benchmark(opts)

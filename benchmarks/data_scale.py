@@ -137,7 +137,7 @@ def memory(root: Path, env: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def pipeline_rate(root: Path, workers: int, batches: int, repeats: int) -> dict[str, Any]:
+def pipeline_rate(root: Path, workers: int, batches: int, repeats: int, batch: int = 256) -> dict[str, Any]:
     """Images/s of the data pipeline alone (decode, stack, collate; no model), ours and torchvision's,
     interleaved; the first batch (the workers' start) is not counted."""
     import torch
@@ -148,7 +148,6 @@ def pipeline_rate(root: Path, workers: int, batches: int, repeats: int) -> dict[
     from accel_train.data import DataConfig, build_dataset
     from accel_train.data.pipeline import make_loader
 
-    batch = 256
     ours_ds = build_dataset(DataConfig(dataset=f"imagefolder:{root}")).train
     theirs = ImageFolder(str(root / "train"), transform=PILToTensor())
 
