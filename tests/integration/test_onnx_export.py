@@ -170,7 +170,7 @@ def test_a_file_off_by_a_constant_either_way_fails_the_check(monkeypatch, by):
     from accel_train.errors import UserError
 
     trace = onnx_export._trace
-    monkeypatch.setattr(onnx_export, "_trace", lambda model, x, name: trace(_Shifted(model, by), x, name))
+    monkeypatch.setattr(onnx_export, "_trace", lambda model, x, name: trace(_Shifted(model, by).eval(), x, name))
     config = {"model": "lenet", "num_classes": 10, "in_channels": 1, "image_size": 28}
     with pytest.raises(UserError, match="differs from torch by up to 1 under onnxruntime, over --onnx-atol 0.0001"):
         onnx_export.export_onnx(create_model("lenet"), config, atol=ATOL)
