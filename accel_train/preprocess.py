@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from accel_train.errors import CheckpointError
 
 DIGIT_DATASETS = ("digits", "mnist")
-STRETCHED = ("imagefolder:", "hf:")  # datasets whose builders resize every image to a square with PIL
+STRETCHED = ("imagefolder:", "hf:", "shards:")  # datasets whose builders resize every image to a square with PIL
 FITS = ("pad", "stretch", "digit")
 STATS_SAMPLE = 1024  # training images read for the statistics (held in memory)
 STATS_SAMPLE_DECODED = 256  # ... decoded one by one (image folders, your own datasets)

@@ -42,6 +42,7 @@ _BUILDERS: dict[str, str | Callable[[DataConfig], DataSplits]] = {
 _PREFIX_BUILDERS: dict[str, str] = {
     "imagefolder": "accel_train.data.folder:build_imagefolder",
     "hf": "accel_train.data.hf:build_hf",
+    "shards": "accel_train.data.shards:build_shards",
 }
 
 #: How dataset errors say to fetch missing or damaged files: the training script's ``--download``. A

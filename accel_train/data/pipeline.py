@@ -6,7 +6,8 @@
 * :class:`EpochSampler` draws the permutation from ``(seed, epoch)`` only and
   truncates each epoch to whole global batches; Accelerate shards its batches
   across processes, so 1 process x 32 and 2 processes x 16 see identical
-  global batches.
+  global batches. A dataset with an ``epoch_order(seed, epoch)`` (shards read
+  lazily: an order that keeps reads local) gives the permutation itself.
 * :func:`place_on_device` moves in-memory datasets that fit onto the
   accelerator once (``--data-on-device``), so batches are indexed and augmented
   there.
@@ -72,7 +73,10 @@ class EpochSampler(Sampler[int]):
     ``on_epoch`` hears every ``set_epoch``: the dataset's augmentation is keyed
     on the same epoch as the order. (Accelerate reaches the sampler in every
     setup, but calls the dataset's own ``set_epoch`` only when it cannot find
-    the sampler, which is never on several processes.)
+    the sampler, which is never on several processes.) ``order``: the
+    dataset's own ``epoch_order(seed, epoch)``, a permutation of
+    ``range(num_samples)`` that replaces ``torch.randperm`` when shuffling; it
+    too must depend on ``(seed, epoch)`` alone.
     """
 
     def __init__(
@@ -82,6 +86,7 @@ class EpochSampler(Sampler[int]):
         shuffle: bool = True,
         multiple_of: int = 1,
         on_epoch: Callable[[int], None] | None = None,
+        order: Callable[[int, int], torch.Tensor] | None = None,
     ):
         self.num_samples = num_samples
         self.seed = seed
@@ -89,6 +94,7 @@ class EpochSampler(Sampler[int]):
         self.length = (num_samples // multiple_of) * multiple_of
         self.epoch = 0
         self.on_epoch = on_epoch
+        self.order = order
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -99,7 +105,11 @@ class EpochSampler(Sampler[int]):
         return self.length
 
     def __iter__(self):
-        if self.shuffle:
+        if self.shuffle and self.order is not None:
+            order = self.order(self.seed, self.epoch)
+            if len(order) != self.num_samples:
+                raise ValueError(f"epoch_order gave {len(order)} indices for {self.num_samples} samples")
+        elif self.shuffle:
             gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
             order = torch.randperm(self.num_samples, generator=gen)
         else:
@@ -130,7 +140,10 @@ def make_loader(
             f"{drop_to_multiple_of}; lower the batch size"
         )
     on_epoch = getattr(dataset, "set_epoch", None)
-    sampler = EpochSampler(len(dataset), seed=seed, shuffle=shuffle, multiple_of=drop_to_multiple_of, on_epoch=on_epoch)
+    order = getattr(dataset, "epoch_order", None)  # shards: a shuffle that keeps reads local
+    sampler = EpochSampler(
+        len(dataset), seed=seed, shuffle=shuffle, multiple_of=drop_to_multiple_of, on_epoch=on_epoch, order=order
+    )
     workers = dict(persistent_workers=True, prefetch_factor=4) if num_workers > 0 else {}
     return DataLoader(
         WithIndices(dataset) if with_indices else dataset,

@@ -18,7 +18,11 @@ from accel_train.limits import MAX_CHANNELS, MAX_CLASSES, MAX_IMAGE_SIZE
 class DataConfig:
     """The slice of the training config that dataset builders read."""
 
-    dataset: str = _f("digits", "dataset: digits, synthetic, mnist, fashion_mnist, cifar10, imagefolder:DIR, hf:NAME")
+    dataset: str = _f(
+        "digits",
+        "dataset: digits, synthetic, mnist, fashion_mnist, cifar10, imagefolder:DIR, hf:NAME, "
+        "shards:DIR (*.parquet, save_to_disk *.arrow or WebDataset *.tar shards, read lazily)",
+    )
     data_dir: str = _f("data", "root folder of on-disk datasets (torchvision layouts)", resume=SAFE)
     download: bool = _f(
         False, "download mnist/fashion_mnist/cifar10 with torchvision if missing (needs network)", resume=SAFE
