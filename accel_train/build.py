@@ -32,7 +32,7 @@ from accel_train.features.finetune import freeze, frozen_names, head_lr_scales
 from accel_train.fsio import writing
 from accel_train.meters import StepTimer, Window
 from accel_train.models import check_model_name, create_model
-from accel_train.models.pretrained import PretrainedInfo, is_file_spec, load_pretrained
+from accel_train.models.pretrained import PretrainedInfo, check_spec, is_file_spec, load_pretrained
 from accel_train.models.pretrained import describe as describe_pretrained
 from accel_train.optim import GradClipper, build_optimizer, build_scheduler, direct_backward, replan_schedule
 from accel_train.plan_warnings import warn_about_run
@@ -60,9 +60,7 @@ def build_trainer(
     (``resume.reconcile``).
     """
     acc = rt.accelerator
-    check_model_name(cfg.model)  # before a possibly long dataset load
-    if resume_path is not None:
-        branch_if_older(cfg, rt, run_dir, resume_path, move=False)  # refuse early, move only once all loaded
+    _check_inputs(cfg, rt, run_dir, resume_path)
     with acc.main_process_first():  # downloads and caches happen once
         splits = given.get("splits") or build_dataset(cfg.data_config())  # given: accel_train.train's data
     check_same_data(acc, splits)
@@ -148,6 +146,18 @@ def _resolved(acc, plan: BatchPlan, lr: float, total_steps: int, steps_per_epoch
     }
 
 
+def _check_inputs(cfg: TrainConfig, rt: Runtime, run_dir: RunDir, resume_path: Path | None) -> None:
+    """What can be refused before a possibly long dataset load: the model's name, an older checkpoint's branch,
+    the --pretrained file a fresh run reads (a resume reads its checkpoint instead: a moved file is a note)."""
+    check_model_name(cfg.model)  # before a possibly long dataset load
+    if resume_path is not None:
+        branch_if_older(cfg, rt, run_dir, resume_path, move=False)  # refuse early, move only once all loaded
+        if cfg.pretrained and is_file_spec(cfg.pretrained) and not Path(cfg.pretrained).is_file():
+            rt.print(f"accel_train: note: --pretrained {cfg.pretrained} is gone; the checkpoint holds the weights")
+    elif cfg.pretrained:
+        check_spec(cfg.model, cfg.pretrained)  # --resume auto without a checkpoint: a fresh run reads the file
+
+
 def _pretrained_info(cfg: TrainConfig, splits: DataSplits) -> PretrainedInfo | None:
     """--pretrained: what the weights bring; their input normalisation replaces the dataset's (recorded in the
     export's config.json, so predict and eval normalise as the run did)."""
@@ -166,6 +176,12 @@ def _load_pretrained(cfg: TrainConfig, rt: Runtime, model, pre: PretrainedInfo) 
     from_file = read_state_dict(cfg.pretrained)[0] if is_file_spec(cfg.pretrained) else None  # never unpickles code
     for note in load_pretrained(model, cfg.model, cfg.pretrained, pre, from_file):
         rt.print(f"accel_train: --pretrained: {note}")
+    bad = [name for name, t in model.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:  # it would train to NaN losses and NaN metrics
+        raise UserError(
+            f"--pretrained {cfg.pretrained}: {len(bad)} tensor(s) hold NaN or Inf values ({', '.join(bad[:3])}"
+            f"{', ...' if len(bad) > 3 else ''}); the weights file is damaged: download or export it again"
+        )
 
 
 def _freeze(cfg: TrainConfig, rt: Runtime, model, pre: PretrainedInfo | None) -> None:

@@ -342,7 +342,8 @@ class TrainConfig:
         if self.pretrained is not None:
             from accel_train.models.pretrained import check_spec  # torchvision: only when asked for
 
-            check_spec(self.model, self.pretrained)
+            # a resume reads the checkpoint's weights, never the file: it may have moved since (build.py notes it)
+            check_spec(self.model, self.pretrained, file_needed=self.resume == "none")
         if self.freeze == "backbone" and self.pretrained is None:
             raise UserError("--freeze backbone needs --pretrained (the head is what the weights do not bring)")
         if self.head_lr is not None:
@@ -378,7 +379,7 @@ def check_saved_config(saved: Any, where: str) -> None:
             check.fail(f"config.{f.name}", f"must be {typ.__name__}, got {shown(value)}")
         known[f.name] = value
     try:
-        cfg = TrainConfig(**known)
+        cfg = TrainConfig(**{**known, "resume": "auto"})  # checked as the config of a resume (what it is read for)
         cfg._check_ranges()
         from accel_train.tracking import tracker_names  # accelerate's tracker list: imported only for a resume
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from accel_train.errors import UserError
+from accel_train.finite_json import finite
 
 #: Held around short writes that must not be cut in half (a metrics line, a rename);
 #: the orphan watch takes it before leaving the process (see ``accel_train.process``).
@@ -167,9 +168,11 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], Any], what: str
 
 
 def write_json_atomic(path: str | os.PathLike, data: Any, what: str = "file") -> None:
+    data = finite(data, str(path))  # never a bare NaN in a JSON file
+
     def dump(tmp: str) -> None:
         with open(tmp, "w") as fh:
-            json.dump(data, fh, indent=2)
+            json.dump(data, fh, indent=2, allow_nan=False)
             fh.flush()
             os.fsync(fh.fileno())
 

@@ -197,6 +197,16 @@ def export_onnx(model: nn.Module, config: dict, *, atol: float = DEFAULT_ATOL, s
             f"{name} holds {size / 1e9:.1f} GB of weights, over ONNX's 2 GB for one file; export it from your own "
             "script with torch.onnx.export(model, ..., dynamo=True, external_data=True)"
         )
+    bad = [
+        n
+        for n, t in [*model.named_parameters(), *model.named_buffers()]
+        if t.is_floating_point() and not t.isfinite().all()
+    ]
+    if bad:  # its outputs would be NaN, and the comparison with onnxruntime would blame the tolerance
+        raise UserError(
+            f"{name}'s weights hold NaN or Inf values ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): "
+            "nothing was written; export a checkpoint from before the run diverged"
+        )
     prep = preprocessing(config, source)
     model = model.eval().float()
     program = _trace(model, _inputs(TRACE_BATCH, prep, seed=len(CHECK_BATCHES)), name)

@@ -306,10 +306,13 @@ def _read_as_trained(image: Any, channels: int, out: Prepared) -> Any:
     if image.getexif().get(EXIF_ORIENTATION) not in (None, 1):
         out.add("orient", "rotated/flipped as its EXIF orientation says", True)
         image = ImageOps.exif_transpose(image)
+    from accel_train.data.pixels import to_8bit
+
     mode = "L" if channels == 1 else "RGB"
     if image.mode != mode:
-        out.add("convert", f"{image.mode} -> {mode}", True)
-        image = image.convert(mode)
+        wide = to_8bit(image)
+        out.add("convert", f"{image.mode} -> {mode}" + (" (scaled to 8 bits)" if wide is not image else ""), True)
+        image = wide.convert(mode)
     return image
 
 

@@ -9,9 +9,7 @@ asked (``--val-split``) or when the folder is the one the weights trained on. Th
 from __future__ import annotations
 
 import json
-import math
 import os
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from typing import Any
 from accel_train.config import TrainConfig
 from accel_train.errors import CheckpointError, UserError
 from accel_train.evaluation import evaluate_model
+from accel_train.finite_json import finite
 from accel_train.fsio import atomic_write, writing
 
 #: How this program's dataset errors say to fetch missing files: evaluation never downloads.
@@ -191,7 +190,8 @@ def run_evaluation(
     names = model_config.get("class_names") or info.class_names
     report = _report(weights, dataset, splits.extra["evaluated"], result, names, acc, tta)
     if rt.is_main:
-        report = _finite_json(report, str(weights))
+        hint = f"{weights} may hold NaN/Inf weights (a diverged run); evaluate another checkpoint"
+        report = finite(report, "the evaluation report", hint)
         if out:
             _write_report(out, report)
         if confusion_png:
@@ -231,28 +231,3 @@ def _write_report(out: str, report: dict[str, Any]) -> None:
     with writing(real, "the evaluation report"):
         real.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(real, lambda tmp: Path(tmp).write_text(text), "the evaluation report")
-
-
-def _finite_json(report: dict[str, Any], weights: str) -> dict[str, Any]:
-    """``report`` with every NaN/Inf number as null (JSON has no NaN), and one warning line when there was one."""
-    bad: list[str] = []
-
-    def clean(value: Any, where: str) -> Any:
-        if isinstance(value, float) and not math.isfinite(value):
-            bad.append(where)
-            return None
-        if isinstance(value, dict):
-            return {k: clean(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
-        if isinstance(value, list):
-            return [clean(v, where) for v in value]
-        return value
-
-    cleaned = clean(report, "")
-    if bad:
-        print(
-            f"warning: {', '.join(sorted(set(bad))[:5])} not finite (NaN or Inf), written as null: {weights} may "
-            "hold NaN/Inf weights (a diverged run); evaluate another checkpoint",
-            file=sys.stderr,
-            flush=True,
-        )
-    return cleaned

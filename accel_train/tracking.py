@@ -20,6 +20,7 @@ from typing import Any
 from accelerate.tracking import GeneralTracker, MLflowTracker, on_main_process
 
 from accel_train.errors import UserError
+from accel_train.finite_json import finite
 from accel_train.fsio import append_line
 from accel_train.run_dir import METRICS_CSV, MLRUNS, TENSORBOARD, RunDir
 
@@ -279,7 +280,7 @@ class RunLogger:
             **values,
             "time_s": round(time.perf_counter() - self._t0, 3),
         }  # seconds since the run's logger started
-        append_line(self.path, json.dumps(record), "the metrics log")
+        append_line(self.path, json.dumps(finite(record, str(self.path)), allow_nan=False), "the metrics log")
 
     def log(self, event: str, step: int, epoch: int, values: dict[str, float]) -> None:
         """Record, send to trackers and display one set of metrics (call on every rank)."""

@@ -379,6 +379,12 @@ class Trainer:
         if self.features.ema is not None:
             ema = evaluate_model(self.acc, self.features.ema.module, *args, tta=tta)
             result.update(self.features.ema_results(ema))
+        if not math.isfinite(result["eval_loss"]):  # NaN/Inf outputs: no metric of this model means anything
+            raise NonFiniteLossError(
+                f"evaluation loss is {result['eval_loss']} at step {self.state.global_step}: the model's outputs on "
+                f"the test images are not finite; the last good checkpoint in {self.run_dir.checkpoints} is kept. "
+                "Lower --lr or keep --max-grad-norm on"
+            )
         return result
 
     def log_eval(self, result: dict[str, Any]) -> None:
@@ -397,6 +403,7 @@ class Trainer:
         if self.last_saved == position:  # e.g. --checkpoint-every fired on the step we stop at
             return
         state.extra["log_window"] = self.window.reduce(self.acc)
+        self.check_finite(state.extra["log_window"][0])  # never checkpoint (or finish) a NaN state
         self._settle_fp16_skips()
         state.extra["train_time_s"] = self.timer.train_s
         state.extra.update(self.features.checkpoint_extra())  # EMA updates, early-stopping counter

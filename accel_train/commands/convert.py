@@ -257,12 +257,14 @@ def _check_outputs(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
+    from accel_train.finite_json import finite
+
     overrides = {"num_classes": args.num_classes, "in_channels": args.in_channels, "image_size": args.image_size}
     if args.out is None and args.onnx is None:
         from accel_train.checkpoint.weights import inspect_checkpoint
 
         info = inspect_checkpoint(args.source)
-        print(json.dumps(info, indent=2) if args.json else _format_inspection(info))
+        print(json.dumps(finite(info, "--json"), indent=2, allow_nan=False) if args.json else _format_inspection(info))
         return 0
     _check_outputs(args)
     if args.onnx is not None:
@@ -273,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
     if args.onnx is not None:
         result["onnx"] = _write_onnx(args, overrides)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(finite(result, "--json"), indent=2, allow_nan=False))
         return 0
     if args.out is not None:
         _print_export(result, args.out)

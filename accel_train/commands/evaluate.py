@@ -17,6 +17,7 @@ that line is printed too, before the accuracy.
 
 from accel_train.cli import ArgumentParser, run_main  # light: no torch
 from accel_train.config import MIXED_PRECISION, TTA  # light too: the training flags' own choices
+from accel_train.finite_json import finite
 
 
 def main(argv=None):
@@ -87,7 +88,8 @@ def main(argv=None):
         print(f"evaluated {report['evaluated']}")
         print(f"accuracy {report['accuracy']:.4f} on {report['samples']} samples; wrote {args.out}")
     else:
-        print(json.dumps({k: v for k, v in report.items() if k != "confusion_matrix"}, indent=2, allow_nan=False))
+        shown = {k: v for k, v in report.items() if k != "confusion_matrix"}
+        print(json.dumps(finite(shown, "the evaluation"), indent=2, allow_nan=False))
     return 0
 
 

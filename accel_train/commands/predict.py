@@ -83,13 +83,15 @@ def _prepare(path: str, channels: int, size: int, record: dict, adapt: bool, ori
     import torch
 
     from accel_train.data.images import DECODE_ERRORS, open_image
+    from accel_train.data.pixels import to_8bit
     from accel_train.errors import UserError
     from accel_train.preprocess import prepare_image
 
     with open_image(path) as image:
         try:
             if originals is not None:  # as read, for the contact sheet
-                array = np.asarray(image.convert("L" if channels == 1 else "RGB"), dtype=np.float32) / 255.0
+                shown_image = to_8bit(image, path).convert("L" if channels == 1 else "RGB")
+                array = np.asarray(shown_image, dtype=np.float32) / 255.0
                 shown = torch.from_numpy(array.copy())
                 originals.append(shown.unsqueeze(0) if shown.dim() == 2 else shown.permute(2, 0, 1))
             return prepare_image(image, channels, size, record, adapt=adapt)
@@ -237,7 +239,9 @@ def run(args: argparse.Namespace) -> int:
         ]
         results.append({"image": path, "top_k": classes, "preprocess": done})
     if args.json:
-        print(json.dumps(results, indent=2))
+        from accel_train.finite_json import finite
+
+        print(json.dumps(finite(results, "predict --json"), indent=2, allow_nan=False))
     else:
         for line in explain(results, config, record):  # stderr: stdout stays one line per image
             print(line, file=sys.stderr)

@@ -139,7 +139,7 @@ def decode_file(path: str | Path, channels: int, size: int, out: np.ndarray | No
             image.load()
             if image.getexif().get(0x0112) is not None:
                 image = ImageOps.exif_transpose(image)
-            pixels = np.asarray(to_mode_and_size(image, channels, size))
+            pixels = np.asarray(to_mode_and_size(image, channels, size, path))
         except DECODE_ERRORS as exc:
             why = " ".join(str(exc).split())[:200]
             raise UserError(f"cannot decode image {path}: {why}; remove or replace it") from None

@@ -54,19 +54,6 @@ def open_image(path: str | os.PathLike):
     return image
 
 
-def read_image(path: str | os.PathLike, mode: str, size: int):
-    """The image at ``path`` converted to ``mode`` and resized to ``size`` x ``size``, as a numpy array."""
-    import numpy as np
-    from PIL import Image
-
-    with open_image(path) as image:
-        try:
-            converted = image.convert(mode).resize((size, size), Image.Resampling.BILINEAR)
-            return np.asarray(converted, dtype=np.float32)
-        except DECODE_ERRORS as exc:
-            raise UserError(f"cannot read image {path}: {' '.join(str(exc).split())[:200]}") from None
-
-
 def _problem(path: Path, verify: bool = True) -> tuple[str | None, tuple[int, int] | None, str | None]:
     """(mode, (height, width), None) for a readable image, (None, None, why) for one that is not. ``verify``: read
     the whole file (truncated or corrupt data, bad checksums), else the header only."""

@@ -33,16 +33,35 @@ def _array_to_nchw(arr: np.ndarray, batched: bool) -> np.ndarray:
     raise UserError(f"unsupported image array shape {shape}: expected [H, W], [H, W, C] or [C, H, W] with C in 1..4")
 
 
-def _to_uint8(arr: np.ndarray) -> np.ndarray:
+WIDE_GRAY_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N", "I", "F"})  # more than 8 bits per pixel
+
+
+def _to_uint8(arr: np.ndarray, what: str = "an image array") -> np.ndarray:
+    """Pixel values as uint8 without loss of range: bool as 0/255; unsigned 16-bit (and integers up to 65535) scaled
+    by 255/65535, integers within 0..255 kept; floats in [0, 1] scaled by 255, floats within 0..255 kept. Anything
+    else (negative values, NaN, larger numbers) is refused in one line instead of clipped."""
     if arr.dtype == np.uint8:
         return arr
     if arr.dtype == np.bool_:
         return arr.astype(np.uint8) * 255
+    if not arr.size:
+        return arr.astype(np.uint8)
+    low, high = float(np.min(arr)), float(np.max(arr))
     if np.issubdtype(arr.dtype, np.floating):
-        if arr.size and float(np.nanmax(arr)) <= 1.0:  # [0, 1] floats
-            arr = arr * 255.0
-        return np.nan_to_num(arr).round().clip(0, 255).astype(np.uint8)
-    return arr.clip(0, 255).astype(np.uint8)
+        if not (np.isfinite(low) and np.isfinite(high)) or low < 0 or high > 255:
+            raise UserError(
+                f"{what} holds floats from {low:g} to {high:g}: only [0, 1] or [0, 255] pixel values are read; "
+                "convert the images to 8 or 16 bits"
+            )
+        return (arr * 255.0 if high <= 1.0 else arr).round().astype(np.uint8)
+    if low < 0 or high > 65535:
+        raise UserError(
+            f"{what} holds integers from {low:g} to {high:g}: only 0..255 or 0..65535 (16-bit) pixel values are read; "
+            "convert the images to 8 or 16 bits"
+        )
+    if arr.dtype == np.uint16 or high > 255:  # 16-bit: 65535 is white
+        return ((arr.astype(np.uint32) * 255 + 32767) // 65535).astype(np.uint8)
+    return arr.astype(np.uint8)
 
 
 def _match_channels(x: torch.Tensor, channels: int) -> torch.Tensor:
@@ -68,10 +87,23 @@ def images_to_nchw(arr: Any, channels: int, size: int, batched: bool = True) -> 
     return resize_uint8(_match_channels(x, channels), size).contiguous()
 
 
-def to_mode_and_size(image: Any, channels: int, size: int) -> Any:
-    """A PIL image as gray (``channels`` 1) or RGB, ``size`` x ``size`` (bilinear; PIL antialiases when shrinking)."""
+def to_8bit(image: Any, where: Any = "an image") -> Any:
+    """A PIL image with more than 8 bits per pixel (16-bit ``I;16``, 32-bit ``I``, float ``F``) as ``L``, scaled as
+    :func:`_to_uint8` scales (PIL's own ``convert("L")`` clips 16-bit values at 255: most of a 16-bit image white);
+    other modes unchanged (their ``convert`` is faithful)."""
+    if image.mode not in WIDE_GRAY_MODES:
+        return image
     from PIL import Image
 
+    return Image.fromarray(_to_uint8(np.asarray(image), f"{where} (mode {image.mode})"), mode="L")
+
+
+def to_mode_and_size(image: Any, channels: int, size: int, where: Any = "an image") -> Any:
+    """A PIL image as gray (``channels`` 1) or RGB, ``size`` x ``size`` (bilinear; PIL antialiases when shrinking),
+    16-bit and float images scaled to 8 bits first (:func:`to_8bit`)."""
+    from PIL import Image
+
+    image = to_8bit(image, where)
     mode = "L" if channels == 1 else "RGB"
     if image.mode != mode:
         image = image.convert(mode)

@@ -51,15 +51,16 @@ def is_file_spec(spec: str) -> bool:
     return os.sep in spec or "/" in spec or spec.endswith(_FILE_SUFFIXES)
 
 
-def check_spec(model: str, spec: str) -> None:
-    """``--pretrained`` names weights ``model`` has (a one-line UserError otherwise); nothing is loaded."""
+def check_spec(model: str, spec: str, file_needed: bool = True) -> None:
+    """``--pretrained`` names weights ``model`` has (a one-line UserError otherwise); nothing is loaded.
+    ``file_needed``: a weights file must exist (a fresh run reads it; a resume reads its checkpoint instead)."""
     if not model.startswith(tv.PREFIX):
         raise UserError(
             f"--pretrained works with torchvision models (--model tv:NAME), not {model!r}; for your own model, "
             "load its weights in your code before accel_train.train(model, ...)"
         )
     if is_file_spec(spec):
-        if not Path(spec).is_file():
+        if file_needed and not Path(spec).is_file():
             raise UserError(f"--pretrained {spec}: no such file; pass a .pth or .safetensors file, or DEFAULT")
         return
     _weights_enum(model.removeprefix(tv.PREFIX), spec)

@@ -185,6 +185,25 @@ def test_resume_needs_no_weights_file_and_refuses_another_head_lr(tmp_path, cach
         _fit(out, *other, "--max-steps", "6", "--resume", "auto", "--extend")
 
 
+def test_a_resume_needs_no_weights_file_after_it_moved(tmp_path, monkeypatch, capsys):
+    """The checkpoint holds every weight: a moved --pretrained file is a note on resume, not a "damaged
+    checkpoint" (with or without the flag repeated); a fresh run still needs the file."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "empty_home"))
+    weights = tmp_path / "mine.safetensors"
+    save_file({k: v.contiguous() for k, v in _resnet18_file(seed=5).items()}, str(weights))
+    out = tmp_path / "run"
+    args = ["--model", "tv:resnet18", "--pretrained", str(weights), "--freeze", "backbone", *SYNTH_RGB]
+    _fit(out, *args, "--max-steps", "4", "--stop-at-step", "2")
+    weights.rename(tmp_path / "moved.safetensors")
+    capsys.readouterr()
+    _fit(out, "--resume", "auto", "--stop-at-step", "3")  # the saved config names the file
+    _fit(out, *args, "--max-steps", "4", "--resume", "auto")
+    assert "is gone; the checkpoint holds the weights" in capsys.readouterr().out
+    assert json.loads((out / "summary.json").read_text())["global_step"] == 4
+    with pytest.raises(UserError, match="no such file"):
+        _fit(tmp_path / "fresh", *args, "--max-steps", "1")
+
+
 def test_head_lr_is_the_heads_group_lr():
     from accel_train.features.finetune import head_lr_scales
     from accel_train.models import create_model
