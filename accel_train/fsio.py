@@ -186,6 +186,29 @@ def append_line(path: str | os.PathLike, line: str, what: str = "file") -> None:
         fh.write(line + "\n")
 
 
+def drop_partial_line(path: str | os.PathLike, what: str = "file") -> int:
+    """Cut a last line that has no newline (a writer killed mid-line: never a whole record) off a line-per-record
+    file, so that the next appended line starts a line of its own; returns the bytes removed (0: none, or no
+    such regular file)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+    except OSError:
+        return 0
+    with writing(path, what), os.fdopen(fd, "r+b") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return 0
+        size = fh.seek(0, os.SEEK_END)
+        start = max(0, size - (1 << 20))  # a record is far shorter than 1 MiB
+        fh.seek(start)
+        tail = fh.read()
+        if not tail or tail.endswith(b"\n"):
+            return 0
+        cut = tail.rfind(b"\n")
+        keep = start + cut + 1 if cut >= 0 else (0 if start == 0 else size)
+        fh.truncate(keep)
+        return size - keep
+
+
 def _open_append(path: str | os.PathLike, what: str) -> IO[str]:
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
     if not stat.S_ISREG(os.fstat(fd).st_mode):

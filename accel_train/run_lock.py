@@ -18,6 +18,22 @@ from accel_train.errors import UserError
 from accel_train.limits import file_kind
 
 LOCK = ".lock"
+# The lock files this process holds open. A forked child (a DataLoader worker) would share their open file
+# description, and flock is released only when every descriptor of it is closed: after a SIGKILL of the main
+# process its workers held the run for seconds more, refusing an immediate --resume auto. Children close them.
+_HELD: set[int] = set()
+
+
+def _close_in_child() -> None:
+    for fd in list(_HELD):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
 
 
 def pid_alive(pid: int) -> bool:
@@ -120,9 +136,11 @@ class RunLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(record).encode(), 0)
         self.fd = fd
+        _HELD.add(fd)
 
     def release(self) -> None:
         if self.fd is not None:
             os.ftruncate(self.fd, 0)  # the file stays: unlinking a flock file lets two later runs both "hold" it
+            _HELD.discard(self.fd)
             os.close(self.fd)
             self.fd = None

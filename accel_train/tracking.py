@@ -21,7 +21,7 @@ from accelerate.tracking import GeneralTracker, MLflowTracker, on_main_process
 
 from accel_train.errors import UserError
 from accel_train.finite_json import finite
-from accel_train.fsio import append_line
+from accel_train.fsio import append_line, drop_partial_line
 from accel_train.run_dir import METRICS_CSV, MLRUNS, TENSORBOARD, RunDir
 
 PROJECT = "accel_train"  # the project/experiment name trackers file a run under
@@ -254,6 +254,8 @@ class RunLogger:
         self.is_main = accelerator.is_main_process
         self.path = Path(metrics)  # the run folder's metrics.jsonl (``run_dir.METRICS``)
         self.use_trackers = use_trackers
+        if self.is_main:  # a run killed mid-write left half a line: the next record must not be glued to it
+            drop_partial_line(self.path, "the metrics log")
         self.interactive = progress and sys.stdout.isatty()
         self.plain_lines = progress and not self.interactive
         self.bar = None

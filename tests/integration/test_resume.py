@@ -238,3 +238,20 @@ def test_channels_last_run_checkpoints_and_resumes_bitwise(tmp_path, capsys):
     assert after and all(sa[k] == sb[k] for k in after)
     model = load_model(straight / "model").model
     assert all((model.state_dict()[k] == a[k]).all() for k in a)
+
+
+def test_a_resume_after_a_half_written_metrics_line_starts_a_line_of_its_own(tmp_path):
+    """A run killed while writing metrics.jsonl leaves half a record with no newline; the resume's first event
+    (the resume record) must not be glued onto it: every line of the file is then whole JSON, resume included."""
+    from conftest import fit_small
+
+    out = tmp_path / "run"
+    fit_small(out, "--max-steps", "6", "--stop-at-step", "3")
+    with open(out / "metrics.jsonl", "a") as fh:
+        fh.write('{"event": "train", "step": 4, "epoch": 0, "loss": 0.12')  # what a SIGKILL mid-write leaves
+    fit_small(out, "--max-steps", "6", "--resume", "auto")
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]  # every line whole: nothing glued, nothing half
+    assert [r["event"] for r in records].count("resume") == 1
+    steps = [r["step"] for r in records if r["event"] == "train"]
+    assert steps == [1, 2, 3, 4, 5, 6]

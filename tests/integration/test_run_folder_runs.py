@@ -176,3 +176,32 @@ def test_roots_home_and_foreign_folders_are_refused(tmp_path, monkeypatch):
         proc = run_here("train.py", "--output-dir", str(mine), "--max-steps", "2", *FAST, *extra)
         one_error(proc, "is not an accel_train run", "model")
     assert snapshot(mine) == before
+
+
+def test_a_killed_runs_forked_children_do_not_keep_its_lock(tmp_path):
+    """DataLoader workers are forked from the main process; its lock must die with it (SIGKILL), not live on in
+    the workers for the seconds they take to notice, refusing an immediate --resume auto."""
+    from accel_train.run_lock import RunLock, pid_alive
+
+    code = (
+        "import os, sys, time\n"
+        "from pathlib import Path\n"
+        "from accel_train.run_lock import RunLock\n"
+        f"RunLock(Path({str(tmp_path)!r})).acquire()\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    time.sleep(60); os._exit(0)\n"
+        "print(child, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    try:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=30)
+        assert pid_alive(child)  # the forked child lives on, as a worker does for a few seconds
+        lock = RunLock(tmp_path)
+        lock.acquire()  # free at once
+        lock.release()
+    finally:
+        os.kill(child, signal.SIGKILL)
