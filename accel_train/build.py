@@ -248,7 +248,7 @@ def _prepare(
     scales = head_lr_scales(model, pre.head, lr, cfg.head_lr) if cfg.head_lr and pre else {}
     if backends.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    features = TrainFeatures.for_run(cfg, model, dropout, acc)  # --ema copies the model here, before it is wrapped
+    features = TrainFeatures.for_run(cfg, model, dropout, acc, info.num_classes)  # --ema copies the model here
     if features.mixer is not None:
         features.mixer.check_micro_batch(plan.micro_batch)
     model = rt.prepare_model(model)  # --compile happens inside prepare, after DDP wrapping (runtime)

@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 
 from accel_train.checkpoint.keys import unwrap_model
+from accel_train.errors import UserError
 from accel_train.schedule import DEFAULT_GAMMA, DEFAULT_MILESTONES, ScheduleFn, parse_milestones
 
 
@@ -44,6 +45,11 @@ def build_optimizer(
 ) -> torch.optim.Optimizer:
     """``optimizer`` (sgd, adam, adamw) over ``model``'s trainable parameters (``param_groups``)."""
     groups = param_groups(model, lr, weight_decay, scales)
+    if not groups:
+        raise UserError(
+            f"the model ({type(unwrap_model(model)).__name__}) has no parameter to train (none, or all with "
+            "requires_grad=False); give it a trainable layer, or set requires_grad=True on what should learn"
+        )
     if optimizer == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov)
     # fused kernels (CPU and CUDA): one pass over each tensor instead of a chain of foreach ops;

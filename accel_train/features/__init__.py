@@ -27,6 +27,22 @@ from accel_train.features.mix import Mixed, Mixer
 __all__ = ["DropoutKeys", "EarlyStopping", "KeyedDropout", "Mixer", "TrainFeatures", "WeightEMA", "use_keyed_dropout"]
 
 
+def check_outputs(logits: object, batch: int, num_classes: int) -> None:
+    """A model's output must be one tensor of class scores, ``[batch, num_classes]``: a tuple, a dict or another
+    shape would fail inside the loss with a traceback (or, with fewer outputs than classes, a device assert)."""
+    want = f"[batch, num_classes] = [{batch}, {num_classes}]"
+    if not isinstance(logits, torch.Tensor):
+        raise UserError(
+            f"the model returned a {type(logits).__name__}, not one tensor of class scores {want}; return the "
+            "logits alone from forward (e.g. out[0] or out.logits)"
+        )
+    if logits.dim() != 2 or tuple(logits.shape) != (batch, num_classes):
+        raise UserError(
+            f"the model returned shape {tuple(logits.shape)} for a batch of {batch}; it must return {want} (the "
+            "data has that many classes): size its last layer from num_classes and flatten with x.flatten(1)"
+        )
+
+
 @dataclass
 class TrainFeatures:
     """The features one run uses; the defaults are a plain cross-entropy step."""
@@ -36,9 +52,10 @@ class TrainFeatures:
     dropout: DropoutKeys | None = None
     ema: WeightEMA | None = None
     early: EarlyStopping | None = None
+    num_classes: int = 0  # > 0: the first forward's output is checked against [batch, num_classes]
 
     @classmethod
-    def for_run(cls, cfg, model: nn.Module, dropout: DropoutKeys | None, acc) -> TrainFeatures:
+    def for_run(cls, cfg, model: nn.Module, dropout: DropoutKeys | None, acc, num_classes: int = 0) -> TrainFeatures:
         """Call on the unwrapped model right before ``prepare`` (the EMA copies it then)."""
         from accelerate.utils import DistributedType
 
@@ -57,6 +74,7 @@ class TrainFeatures:
             dropout=dropout,
             ema=ema,
             early=EarlyStopping(cfg.early_stop_patience, cfg.early_stop_min_delta) if cfg.early_stop_patience else None,
+            num_classes=num_classes,
         )
 
     # ---- the train step ------------------------------------------------------------------------------------
@@ -69,6 +87,9 @@ class TrainFeatures:
             x, mixed = self.mixer(x, indices, epoch)
         with self.dropout.batch(epoch, indices) if self.dropout is not None else nullcontext():
             logits = model(x)
+        if self.num_classes:  # once: a model of the user's that returns something else fails here in one line
+            check_outputs(logits, x.shape[0], self.num_classes)
+            self.num_classes = 0
         return logits, self.loss(logits, labels, mixed)
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, mixed: Mixed | None = None) -> torch.Tensor:

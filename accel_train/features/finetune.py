@@ -38,6 +38,11 @@ def frozen_names(model: nn.Module, freeze: str, head: tuple[str, ...]) -> list[s
             shown = ", ".join(names[:4])
             raise UserError(f"--freeze {pattern!r} matches no parameter (they are named like {shown}, ...)")
         chosen += [n for n in hits if n not in chosen]
+    if len(chosen) == len(names):
+        raise UserError(
+            f"--freeze {freeze!r} matches every parameter of the model: nothing would train; leave the head out "
+            "(--freeze backbone keeps only the new head trainable)"
+        )
     return chosen
 
 

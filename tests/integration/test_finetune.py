@@ -242,6 +242,8 @@ def test_a_freeze_pattern_that_matches_nothing_is_one_line():
     model = create_model("tv:resnet18", 10, 3, 32)
     with pytest.raises(UserError, match="matches no parameter"):
         frozen_names(model, "layer9.*", HEAD)
+    with pytest.raises(UserError, match="matches every parameter of the model: nothing would train"):
+        frozen_names(model, "*", HEAD)  # an empty optimizer's ValueError traceback before
     names = frozen_names(model, "conv1.*,bn1.*", HEAD)
     assert names == ["conv1.weight", "bn1.weight", "bn1.bias"]
     assert freeze(model, names) == ["bn1"]

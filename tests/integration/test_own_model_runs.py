@@ -272,3 +272,32 @@ def test_api_errors_say_what_to_do(tmp_path):
         accel_train.train(Net, normalised, output_dir=str(tmp_path / "n"), **OPTIONS)
     with pytest.raises(UserError, match="model must be a model name"):
         accel_train.train(42, data)
+
+
+class _TupleOut(Net):
+    def forward(self, x):
+        return self.net(x), x.mean()
+
+
+class _Frozen(Net):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.requires_grad_(False)
+
+
+def test_api_models_that_cannot_train_are_one_line(tmp_path):
+    """A model returning a tuple, fewer outputs than classes, or nothing to train: one line naming the fix, before
+    any step (they ended in tracebacks from inside the loss or the optimizer)."""
+    import accel_train
+
+    data = TensorDataset(torch.rand(40, 1, 16, 16), torch.arange(40) % 4)
+    cases = [
+        (_TupleOut(4), "returned a tuple, not one tensor of class scores [batch, num_classes] = [16, 4]"),
+        (Net(2), "returned shape (16, 2) for a batch of 16; it must return [batch, num_classes] = [16, 4]"),
+        (_Frozen(4), "has no parameter to train"),
+    ]
+    for i, (model, needle) in enumerate(cases):
+        with pytest.raises(UserError) as info:
+            accel_train.train(model, data, output_dir=str(tmp_path / f"r{i}"), **OPTIONS)
+        assert needle in str(info.value) and "\n" not in str(info.value)
+        assert not (tmp_path / f"r{i}" / "summary.json").exists()
