@@ -72,7 +72,13 @@ class CSVTracker(GeneralTracker):
     def log(self, values: dict, step: int | None = None, **kwargs) -> None:
         row = {"step": step, **{k: v for k, v in values.items() if isinstance(v, (int, float))}}
         if not self._fields and self.resumed_step is not None and self.path.is_file():
-            self._fields, self._rows = _rows_until(self.path, self.resumed_step)
+            try:
+                self._fields, self._rows = _rows_until(self.path, self.resumed_step)
+            except (UnicodeDecodeError, csv.Error, ValueError) as exc:  # metrics.jsonl is the record; this a view
+                aside = self.path.with_name(self.path.name + ".damaged")
+                os.replace(self.path, aside)
+                what = f"{self.path} is damaged ({type(exc).__name__}); moved to {aside.name}, a new one starts"
+                print(f"accel_train: warning: {what} at step {step} (metrics.jsonl has all records)", file=sys.stderr)
         self._rows.append(row)
         new = [k for k in row if k not in self._fields]
         if new:  # a new column: rewrite the file with the widened header

@@ -233,3 +233,18 @@ def test_steps_logged_after_the_checkpoint_by_a_killed_attempt(tmp_path, monkeyp
     assert [again[5], again[6]] == pytest.approx([first[5], first[6]])
     assert _tensorboard_steps(out, "train/loss") == list(range(1, 9))
     assert _csv_steps(out, "train/loss") == list(range(1, 9))
+
+
+def test_a_damaged_metrics_csv_is_set_aside_on_resume(tmp_path, capsys):
+    """metrics.csv is a view of metrics.jsonl: a damaged one (not UTF-8, a broken quote) is moved aside with a
+    warning line and the resume goes on (it was a UnicodeDecodeError traceback)."""
+    out = tmp_path / "run"
+    fit_small(out, "--report-to", "csv", "--max-steps", "6", "--stop-at-step", "3")
+    (out / "metrics.csv").write_bytes(b'\x00\xff garbage,"unclosed\n1,2,3\n')
+    capsys.readouterr()
+    fit_small(out, "--report-to", "csv", "--max-steps", "6", "--resume", "auto")
+    assert "metrics.csv is damaged (UnicodeDecodeError); moved to metrics.csv.damaged" in capsys.readouterr().err
+    assert (out / "metrics.csv.damaged").read_bytes().startswith(b"\x00\xff")
+    rows = (out / "metrics.csv").read_text().splitlines()
+    assert rows[0].startswith("step,") and [r.split(",")[0] for r in rows[1:]][:1] == ["4"]
+    assert [r["step"] for r in metrics(out) if r["event"] == "train"] == [1, 2, 3, 4, 5, 6]
