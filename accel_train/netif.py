@@ -104,6 +104,14 @@ class Route:
         return is_loopback(self.source)
 
 
+def is_unspecified(host: str) -> bool:
+    """``host`` is 0.0.0.0 or :: (bind to every interface), not an address to connect to."""
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_unspecified
+    except ValueError:
+        return False
+
+
 def is_address(host: str) -> bool:
     """``host`` is an IP address written out (not a name to resolve)."""
     try:
@@ -143,6 +151,31 @@ def user_socket_ifname(env: Mapping[str, str] = os.environ) -> str | None:
     return next((f"{k}={env[k]}" for k in SOCKET_IFNAME_VARS if env.get(k)), None)
 
 
+def _choose(env: MutableMapping[str, str], master: str, names: tuple[str, ...]) -> str | None:
+    """Set ``names`` to the interface that reaches ``master``, or say why none is chosen; the line to print."""
+    if is_unspecified(master):  # 0.0.0.0: an address to listen on, which no other machine can connect to
+        return (
+            f"accel_train: warning: MASTER_ADDR {master} is the unspecified (any) address, which the other machines "
+            "cannot connect to, and names no interface to choose; set main_process_ip (MASTER_ADDR) to the main "
+            f"machine's address, or {names[0]} to the interface the others reach it on"
+        )
+    route = route_to(master)
+    if route is None or route.interface is None:
+        return None
+    if route.loopback and not is_address(master):  # a name that is loopback only here: the others reach it elsewhere
+        return (
+            f"accel_train: warning: MASTER_ADDR {master} resolves to the loopback address {route.source} on this "
+            f"machine, which the other machines cannot reach; set {names[0]} to the interface they reach this "
+            "machine on, or main_process_ip to its address"
+        )
+    for name in names:
+        env[name] = route.interface
+    return (
+        f"accel_train: {'/'.join(names)}={route.interface} ({route.source}: the interface whose route reaches "
+        f"the main process at {master}); set {names[0]} yourself to choose another"
+    )
+
+
 def choose_socket_ifname(env: MutableMapping[str, str] = os.environ, nccl: bool = False) -> str | None:
     """In a run over several machines where neither ``*_SOCKET_IFNAME`` is set: set ``GLOO_SOCKET_IFNAME`` (and
     ``NCCL_SOCKET_IFNAME`` with ``nccl``) to the interface whose route reaches ``MASTER_ADDR``. Returns the line
@@ -151,23 +184,10 @@ def choose_socket_ifname(env: MutableMapping[str, str] = os.environ, nccl: bool 
     master = env.get("MASTER_ADDR")
     if not master or not spans_machines(env) or user_socket_ifname(env):
         return None
-    route = route_to(master)
-    if route is None or route.interface is None:
-        return None
     names = SOCKET_IFNAME_VARS if nccl else SOCKET_IFNAME_VARS[:1]
-    if route.loopback and not is_address(master):  # a name that is loopback only here: the others reach it elsewhere
-        line = (
-            f"accel_train: warning: MASTER_ADDR {master} resolves to the loopback address {route.source} on this "
-            f"machine, which the other machines cannot reach; set {names[0]} to the interface they reach this "
-            "machine on, or main_process_ip to its address"
-        )
-    else:
-        for name in names:
-            env[name] = route.interface
-        line = (
-            f"accel_train: {'/'.join(names)}={route.interface} ({route.source}: the interface whose route reaches "
-            f"the main process at {master}); set {names[0]} yourself to choose another"
-        )
+    line = _choose(env, master, names)
+    if line is None:
+        return None
     if env.get("LOCAL_RANK", "0") == "0":
         print(line, file=sys.stderr, flush=True)
     return line

@@ -104,6 +104,17 @@ def test_a_main_host_name_that_is_loopback_only_here_chooses_nothing_and_says_so
     assert netif.is_address("127.0.0.1") and netif.is_address("::1") and not netif.is_address("localhost")
 
 
+@pytest.mark.parametrize("master", ["0.0.0.0", "::"])
+def test_the_any_address_as_main_host_chooses_nothing_and_says_so(capsys, master):
+    """MASTER_ADDR=0.0.0.0 routes through lo here, and choosing lo would make every rank announce a loopback address
+    the other machines cannot reach (it was chosen silently): nothing is set, one warning says what to set."""
+    env = {**MULTI, "MASTER_ADDR": master}
+    line = netif.choose_socket_ifname(env)
+    assert "GLOO_SOCKET_IFNAME" not in env
+    assert line.startswith(f"accel_train: warning: MASTER_ADDR {master} is the unspecified (any) address")
+    assert "main_process_ip" in line and capsys.readouterr().err == line + "\n"
+
+
 def test_a_failed_connect_names_the_address_tried_and_the_variable():
     assert peers.unreachable(GLOO_REFUSED) == (
         "could not connect to another process of this run at 127.0.0.1:4006 (Connection refused)"
