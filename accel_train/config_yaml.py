@@ -84,19 +84,26 @@ def load_yaml_config(path: str | Path, settings: type) -> dict[str, Any]:
                 f"--config {path}: key {key!r} appears twice, as {spelled[key]!r} and {raw_key!r}{at}; keep one"
             )
         spelled[key] = raw_key
-        if isinstance(value, (bytes, bytearray)):
-            raise UserError(f"--config {path}: {key} is binary data (!!binary); write the value as plain text")
-        if field_type(known[key]) is str and isinstance(value, (bool, int, float, datetime.date)):
-            # YAML 1.1 turns no/NO/off/yes into booleans, 0 into an int and 2024-01-01 into a date: show the text
-            # as written.
-            written = _clip(_scalar_text(yaml, node, raw_key) or str(value), 80)
-            raise UserError(
-                f"--config {path}: {key}: {written} was read as {_short_repr(value)}, not as text; "
-                f"quote it: {key}: '{written}'"
-            )
-        value = _decimal(value, _scalar_text(yaml, node, raw_key))  # epochs: 010 is 10, not YAML 1.1's octal 8
-        out[key] = _coerce_parsed(path, key, value, known[key])
+        out[key] = _read_value(path, key, value, known[key], _scalar_text(yaml, node, raw_key))
     return out
+
+
+def _read_value(path: Path, key: str, value: Any, f: Any, written: str | None) -> Any:
+    """One key's value, checked against its field ``f`` (``written``: the value's text as the file has it)."""
+    if isinstance(value, (bytes, bytearray)):
+        raise UserError(f"--config {path}: {key} is binary data (!!binary); write the value as plain text")
+    const = f.metadata.get("const")
+    if const is not None and isinstance(value, bool):  # pretrained: true is the flag alone (DEFAULT), false is off
+        return const if value else None
+    if field_type(f) is str and isinstance(value, (bool, int, float, datetime.date)):
+        # YAML 1.1 turns no/NO/off/yes into booleans, 0 into an int and 2024-01-01 into a date: show the text
+        # as written.
+        shown = _clip(written or str(value), 80)
+        raise UserError(
+            f"--config {path}: {key}: {shown} was read as {_short_repr(value)}, not as text; quote it: {key}: '{shown}'"
+        )
+    value = _decimal(value, written)  # epochs: 010 is 10, not YAML 1.1's octal 8
+    return _coerce_parsed(path, key, value, f)
 
 
 def _read_yaml_text(path: Path) -> str:

@@ -96,3 +96,15 @@ def test_yaml_with_a_bom_is_read(tmp_path):
     config.write_bytes(b"\xef\xbb\xbfepochs: 3\nlr: 0.01\n")
     cfg = parse_config(["--config", str(config)])
     assert (cfg.epochs, cfg.lr) == (3, 0.01)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("true", "DEFAULT"), ("false", None), ("'IMAGENET1K_V1'", "IMAGENET1K_V1")]
+)
+def test_pretrained_true_in_yaml_is_the_flag_alone(tmp_path, text, expected):
+    """``pretrained: true`` means what the bare ``--pretrained`` flag means (the default weights); it was refused
+    with advice to quote it, and the quoted 'true' was then refused as no weights name."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"model: tv:resnet18\npretrained: {text}\n")
+    cfg = parse_config(["--config", str(path)])
+    assert cfg.pretrained == expected and cfg.model == "tv:resnet18"
