@@ -158,12 +158,19 @@ def read_progress(path: str | Path) -> dict[str, Any]:
     file = Path(path) / PROGRESS_FILE
     check_regular_file(file, "progress.json", CheckpointError)
     try:
-        return check_progress(json.loads(file.read_text()), str(file))
+        progress = check_progress(json.loads(file.read_text()), str(file))
     except (OSError, ValueError, RecursionError) as exc:
         raise CheckpointError(
             f"cannot read {Path(path) / PROGRESS_FILE}: {exc}; the checkpoint is incomplete, resume from "
             "another checkpoint or start a new --output-dir"
         ) from None
+    name, step = Path(path).name, progress["state"]["global_step"]
+    if is_own_checkpoint_name(name) and name != checkpoint_name(step):  # resume and retention go by the name
+        raise CheckpointError(
+            f"{path} holds step {step} (its progress.json), not step {int(name[5:])}: the folder was copied or "
+            f"renamed; rename it to {checkpoint_name(step)} (or remove it), or resume from the one named for its step"
+        )
+    return progress
 
 
 def _retire_old(run: RunDir, keep_last: int, keep: tuple[Path, ...]) -> None:

@@ -302,6 +302,19 @@ def test_resume_from_older_checkpoint_needs_branch_and_keeps_one_timeline(run_co
     assert max_abs_diff(weights(base), weights(run_copy)) <= 1e-6
 
 
+def test_a_checkpoint_copied_under_a_newer_name_is_refused_for_what_it_is(run_copy):
+    """step_00000010 copied as step_00000040: its progress.json says step 10. Resuming it named it "at step 10" with
+    "newer" checkpoints at steps 10, 20, 30 (a contradiction); --resume auto now names the copy too."""
+    shutil.copytree(ckpt(run_copy, 10), run_copy / "checkpoints" / "step_00000040")
+    before = tree(run_copy)
+    args = [*COMMON, "--output-dir", str(run_copy)]
+    for resume in (str(run_copy / "checkpoints" / "step_00000040"), "auto"):
+        line = one_error_line(run_here("train.py", *args, "--resume", resume))
+        assert "step_00000040 holds step 10 (its progress.json), not step 40: the folder was copied or renamed" in line
+        assert "rename it to step_00000010" in line
+    assert tree(run_copy) == before
+
+
 # ---- 4. checkpoints of the previous version ---------------------------------------------------------------------
 
 
