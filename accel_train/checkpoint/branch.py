@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from accel_train.checkpoint.state import list_checkpoints, read_progress
-from accel_train.run_dir import BEST, CHECKPOINT_DIR, CONFIG, RunDir
+from accel_train.run_dir import BEST, CHECKPOINT_DIR, CONFIG, METRICS_CSV, TENSORBOARD, RunDir
 
 
 def newer_checkpoints(run: RunDir, step: int, keep: Path) -> list[int]:
@@ -34,7 +34,33 @@ def abandon_after(run: RunDir, step: int, keep: Path) -> Path | None:
     (dest / CHECKPOINT_DIR).mkdir()
     for p in newer:
         os.replace(p, dest / CHECKPOINT_DIR / p.name)
+    _keep_tracker_records(run, dest, step)
     return dest
+
+
+def _keep_tracker_records(run: RunDir, dest: Path, step: int) -> None:
+    """What the trackers recorded of the kept timeline stays, as metrics.jsonl's lines up to ``step`` do:
+    metrics.csv's rows up to ``step``, and a copy of tb/ (TensorBoard hides its events after ``step``: the
+    resumed run opens it with ``purge_step``). The abandoned folder keeps the whole of both."""
+    import csv
+    import shutil
+
+    old_csv, tb = dest / METRICS_CSV, dest / TENSORBOARD
+    if tb.is_dir() and not (run / TENSORBOARD).exists():
+        shutil.copytree(tb, run / TENSORBOARD, symlinks=True)
+    if not old_csv.is_file() or (run / METRICS_CSV).exists():
+        return
+    try:
+        with open(old_csv, newline="") as fh:
+            reader = csv.DictReader(fh)
+            rows = [r for r in reader if not (r.get("step") or "").isdigit() or int(r["step"]) <= step]
+            fields = list(reader.fieldnames or [])
+    except (UnicodeDecodeError, csv.Error, ValueError):
+        return  # a damaged file stays with the abandoned timeline (a resume starts a new one)
+    with open(run / METRICS_CSV, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def _logged_after(line: str, step: int) -> bool:

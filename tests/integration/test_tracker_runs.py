@@ -248,3 +248,24 @@ def test_a_damaged_metrics_csv_is_set_aside_on_resume(tmp_path, capsys):
     rows = (out / "metrics.csv").read_text().splitlines()
     assert rows[0].startswith("step,") and [r.split(",")[0] for r in rows[1:]][:1] == ["4"]
     assert [r["step"] for r in metrics(out) if r["event"] == "train"] == [1, 2, 3, 4, 5, 6]
+
+
+def test_after_branch_the_trackers_hold_what_metrics_jsonl_holds(tmp_path):
+    """--branch from step 4 of a run that went to 8: metrics.jsonl keeps steps 1-4 and continues; metrics.csv and
+    TensorBoard must say the same timeline (both went whole to abandoned/, the kept steps with them)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    trackers = ["--report-to", "csv,tensorboard", "--keep-last", "5", "--checkpoint-every", "4"]
+    fit_small(out, *trackers, "--max-steps", "8")
+    fit_small(out, *trackers, "--max-steps", "8", "--resume", str(out / "checkpoints" / "step_00000004"),
+              "--branch", "--stop-at-step", "6")  # fmt: skip
+    jsonl = [r["step"] for r in metrics(out) if r["event"] == "train"]
+    assert jsonl == [1, 2, 3, 4, 5, 6]
+    csv_steps = [int(line.split(",")[0]) for line in (out / "metrics.csv").read_text().splitlines()[1:]]
+    assert sorted(set(csv_steps)) == jsonl
+    events = EventAccumulator(str(out / "tb"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == jsonl
+    abandoned = next((out / "abandoned").iterdir())
+    assert (abandoned / "metrics.csv").is_file() and (abandoned / "tb").is_dir()  # the old timeline, whole
