@@ -12,6 +12,11 @@ __version__ = "0.1.0"
 __all__ = ["__version__", "load_model", "load_weights", "train"]
 
 
+def __dir__() -> list[str]:
+    """What completion and ``dir(accel_train)`` offer: the lazily imported API too."""
+    return sorted({*__all__, *(name for name in globals() if name.startswith("__"))})
+
+
 def __getattr__(name: str) -> Any:
     if name == "train":
         from accel_train.api import train

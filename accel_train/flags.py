@@ -15,12 +15,32 @@ from typing import Any
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse that reports mistakes as one-line UserErrors (exit code 2) instead of usage + message."""
+    """argparse that reports mistakes as one-line UserErrors (exit code 2) instead of usage + message, takes no
+    abbreviated flags (``--epoch 3`` was silently ``--epochs 3``; a later flag could change what it means) and
+    suggests the flag a misspelled one was probably meant to be."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         from accel_train.errors import UserError
 
-        raise UserError(f"{message} (see --help)")
+        raise UserError(f"{message}{self._did_you_mean(message)} (see --help)")
+
+    def _did_you_mean(self, message: str) -> str:
+        """``; did you mean --epochs?`` for the first unknown ``--flag`` in argparse's message that is close to one."""
+        import difflib
+        import re
+
+        if "unrecognized arguments" not in message:
+            return ""
+        flags = [o for o in self._option_string_actions if o.startswith("--")]
+        for token in re.findall(r"--[\w-]+", message):
+            close = difflib.get_close_matches(token, flags, n=1, cutoff=0.75)
+            if close:
+                return f"; did you mean {close[0]}?"
+        return ""
 
 
 #: What a ``--resume`` may do with a field (metadata ``resume``; ``resume.py`` applies it). Unmarked fields are

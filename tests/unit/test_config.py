@@ -108,3 +108,21 @@ def test_pretrained_true_in_yaml_is_the_flag_alone(tmp_path, text, expected):
     path.write_text(f"model: tv:resnet18\npretrained: {text}\n")
     cfg = parse_config(["--config", str(path)])
     assert cfg.pretrained == expected and cfg.model == "tv:resnet18"
+
+
+def test_abbreviated_flags_are_refused_and_a_misspelled_one_gets_a_suggestion():
+    """argparse took --epoch for --epochs silently (and any prefix of a flag); now it is unknown, with the flag it
+    was probably meant to be, and a flag far from any gets no guess."""
+    raises_user_error(
+        lambda: parse_config(["--epoch", "3"]), "unrecognized arguments: --epoch 3", "did you mean --epochs?"
+    )
+    raises_user_error(lambda: parse_config(["--lr-schedul", "cosine"]), "did you mean --lr-schedule?")
+    message = raises_user_error(lambda: parse_config(["--zzzz", "1"]), "unrecognized arguments: --zzzz")
+    assert "did you mean" not in message
+    assert parse_config(["--epochs", "3"]).epochs == 3
+
+
+def test_dir_of_the_package_lists_its_api():
+    import accel_train
+
+    assert {"train", "load_model", "load_weights"} <= set(dir(accel_train))
