@@ -379,7 +379,9 @@ def check_saved_config(saved: Any, where: str) -> None:
             check.fail(f"config.{f.name}", f"must be {typ.__name__}, got {shown(value)}")
         known[f.name] = value
     try:
-        cfg = TrainConfig(**{**known, "resume": "auto"})  # checked as the config of a resume (what it is read for)
+        # checked as the config of a resume (what it is read for: the --pretrained file is no longer needed)
+        resume = known.get("resume", "none")
+        cfg = TrainConfig(**{**known, "resume": "auto" if resume == "none" else resume})
         cfg._check_ranges()
         from accel_train.tracking import tracker_names  # accelerate's tracker list: imported only for a resume
 
