@@ -45,7 +45,7 @@ class TrainConfig:
     # what to train
     model: str = _f(
         "lenet",
-        "model: mnist_cnn, lenet, resnet18, tv_resnet18; tv:NAME for any torchvision classifier (e.g. "
+        "model: mnist_cnn, lenet, resnet18, tv_resnet18, airbench; tv:NAME for any torchvision classifier (e.g. "
         "tv:mobilenet_v3_small, random weights unless --pretrained); package.module:callable for your own code, "
         "called as callable(num_classes=, in_channels=, image_size=)",
     )
@@ -64,7 +64,7 @@ class TrainConfig:
         "name patterns (e.g. 'conv1.*,layer1.*'); frozen BatchNorm layers keep their statistics (default: none)",
     )
     head_lr: float | None = _f(
-        None, "learning rate of the new head with --pretrained (the schedule scales it like --lr; default: --lr)"
+        None, "learning rate of the new head with --pretrained; the schedule scales it like --lr (default: --lr)"
     )
     dataset: str = same_as(DataConfig, "dataset")
     data_dir: str = same_as(DataConfig, "data_dir")
@@ -151,7 +151,9 @@ class TrainConfig:
         metavar="TRACKERS",
         resume=SAFE,
     )
-    progress: bool = _f(True, "progress bars (plain lines when stdout is not a TTY)", resume=SAFE)
+    progress: bool = _f(
+        True, "a progress bar on a terminal (with --no-progress or off a terminal: a [train] line per log)", resume=SAFE
+    )
     plots: bool = _f(True, "write curves.png at the end", resume=SAFE)
     # checkpoints
     checkpoint_every: int = _f(0, "save a resumable checkpoint every N optimizer steps (0: off)", low=0, resume=SAFE)

@@ -263,7 +263,7 @@ class RunLogger:
         if self.is_main:  # a run killed mid-write left half a line: the next record must not be glued to it
             drop_partial_line(self.path, "the metrics log")
         self.interactive = progress and sys.stdout.isatty()
-        self.plain_lines = progress and not self.interactive
+        self.plain_lines = not self.interactive  # no bar: a [train] line per log, whatever --progress says
         self.bar = None
         if self.interactive:
             from accelerate.utils import tqdm
