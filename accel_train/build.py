@@ -67,7 +67,7 @@ def build_trainer(
     device_batch = None if cfg.max_device_batch == AUTO else cfg.max_device_batch  # auto: probed in _prepare
     plan = plan_batches(acc.num_processes, cfg.batch_size, cfg.grad_accum_steps, cfg.global_batch_size, device_batch)
     lr = cfg.lr * plan.global_batch / cfg.batch_size if cfg.scale_lr else cfg.lr
-    pre = _pretrained_info(cfg, splits)  # before the normalisation is chosen: the weights bring their own
+    pre = _pretrained_info(cfg, rt, splits)  # before the normalisation is chosen: the weights bring their own
     model, optimizer, train_dl, eval_dl, chosen, plan, feats = _prepare(
         cfg, rt, splits, plan, lr, given.get("model"), pre, fresh=resume_path is None
     )
@@ -158,7 +158,7 @@ def _check_inputs(cfg: TrainConfig, rt: Runtime, run_dir: RunDir, resume_path: P
         check_spec(cfg.model, cfg.pretrained)  # --resume auto without a checkpoint: a fresh run reads the file
 
 
-def _pretrained_info(cfg: TrainConfig, splits: DataSplits) -> PretrainedInfo | None:
+def _pretrained_info(cfg: TrainConfig, rt: Runtime, splits: DataSplits) -> PretrainedInfo | None:
     """--pretrained: what the weights bring; their input normalisation replaces the dataset's (recorded in the
     export's config.json, so predict and eval normalise as the run did)."""
     if cfg.pretrained is None:
@@ -167,6 +167,8 @@ def _pretrained_info(cfg: TrainConfig, splits: DataSplits) -> PretrainedInfo | N
     pre = describe_pretrained(cfg.model, cfg.pretrained, info.in_channels, info.image_size, info.num_classes)
     if pre.mean is not None and pre.std is not None:
         splits.info = dataclasses.replace(info, mean=pre.mean, std=pre.std)
+    mean, std = (", ".join(f"{v:g}" for v in values) for values in (splits.info.mean, splits.info.std))
+    rt.print(f"accel_train: --pretrained: normalised with mean ({mean}) std ({std}) from {pre.norm_from}")
     return pre
 
 
@@ -306,7 +308,7 @@ def _model_config(cfg: TrainConfig, splits: DataSplits, pre: PretrainedInfo | No
         "class_names": info.class_names,
         "dataset": cfg.dataset,
         "preprocess": describe_training_images(splits.train, cfg.dataset),  # what accel-predict does to images
-        **({"pretrained": pre.source} if pre is not None else {}),  # the weights it started from
+        **(pre.record() if pre is not None else {}),  # the weights it started from: source, file, sha256
     }
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -45,6 +46,14 @@ class PretrainedInfo:
     std: tuple[float, ...] | None
     crop_size: int | None  # the image side the weights were trained at
     head: tuple[str, ...]  # parameter names whose shape follows the number of classes
+    file: str | None = None  # the weights file read (a local file, or torchvision's cached one)
+    sha256: str | None = None  # its hash (None: not on disk yet, torchvision downloads it with its hash checked)
+    norm_from: str = ""  # where mean/std come from, in words
+
+    def record(self) -> dict[str, str]:
+        """What config.json keeps of the weights: the source, and the file with its hash when one was read."""
+        return {"pretrained": self.source, **({"pretrained_file": self.file} if self.file else {}),
+                **({"pretrained_sha256": self.sha256} if self.sha256 else {})}  # fmt: skip
 
 
 def is_file_spec(spec: str) -> bool:
@@ -126,13 +135,41 @@ def describe(model: str, spec: str, in_channels: int, image_size: int, num_class
     transforms = weights.transforms() if weights is not None else None
     mean, std = getattr(transforms, "mean", None), getattr(transforms, "std", None)
     crop = getattr(transforms, "crop_size", None)
-    return PretrainedInfo(
-        source=source,
-        mean=_per_channel(mean, in_channels),
-        std=_per_channel(std, in_channels),
-        crop_size=int(crop[0]) if crop else None,
-        head=head,
-    )
+    file, sha256, source = _provenance(spec, weights, source)
+    if mean is None:
+        norm_from = "the training images (the weights name no normalisation)"
+    elif is_file_spec(spec):
+        convention = f"{type(weights).__name__}.{weights.name}"
+        norm_from = f"{convention}'s convention (a weights file carries none: the architecture's default assumed)"
+    else:
+        norm_from = f"the weights ({source})"
+    return PretrainedInfo(source=source, mean=_per_channel(mean, in_channels), std=_per_channel(std, in_channels),
+                          crop_size=int(crop[0]) if crop else None, head=head, file=file, sha256=sha256,
+                          norm_from=norm_from)  # fmt: skip
+
+
+def _provenance(spec: str, weights, source: str) -> tuple[str | None, str | None, str]:
+    """(the file, its sha256, the source to record). Named weights are recorded as such only when the file in
+    torchvision's cache has torchvision's hash (its name carries the hash's first hex digits); any other file
+    there is recorded as the file it is."""
+    path = Path(spec) if is_file_spec(spec) else cache_path(weights)
+    if not path.is_file():
+        return None, None, source  # a resume after the file moved; or torchvision downloads it, hash checked
+    sha256 = _sha256(path)
+    expected = re.search(r"-([a-f0-9]+)\.", path.name)
+    if not is_file_spec(spec) and expected and not sha256.startswith(expected.group(1)):
+        source = f"{path} (a file under the name of {source}'s, but not torchvision's: its sha256 differs)"
+    return str(path), sha256, source
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _per_channel(values, channels: int) -> tuple[float, ...] | None:

@@ -7,7 +7,9 @@ The weights are random (not ImageNet's): what is checked is that they arrive, bi
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -94,7 +96,11 @@ def test_pretrained_from_the_cache_trains_the_head_and_keeps_the_backbone_bit_id
     assert config["mean"] == pytest.approx([0.485, 0.456, 0.406]) and config["std"] == pytest.approx(
         [0.229, 0.224, 0.225]
     )
-    assert config["pretrained"] == "ResNet18_Weights.IMAGENET1K_V1"
+    # random weights under torchvision's file name are recorded as the file they are, with its hash (issue 45)
+    cached = Path(os.environ["TORCH_HOME"]) / "hub" / "checkpoints" / "resnet18-f37072fd.pth"
+    assert config["pretrained"].startswith(f"{cached} (a file under the name of ResNet18_Weights.IMAGENET1K_V1")
+    assert "not torchvision's" in config["pretrained"] and config["pretrained_file"] == str(cached)
+    assert config["pretrained_sha256"] == hashlib.sha256(cached.read_bytes()).hexdigest()
     # the head was trained: it is not the fresh head the same seed builds without training
     from accel_train.models import create_model
 
@@ -202,6 +208,24 @@ def test_a_resume_needs_no_weights_file_after_it_moved(tmp_path, monkeypatch, ca
     assert json.loads((out / "summary.json").read_text())["global_step"] == 4
     with pytest.raises(UserError, match="no such file"):
         _fit(tmp_path / "fresh", *args, "--max-steps", "1")
+
+
+def test_named_weights_are_recorded_only_when_the_hash_is_torchvisions(tmp_path, monkeypatch):
+    """torchvision's cached file name carries the first hex digits of its sha256: a file that has them is recorded
+    as the named weights (with file and hash), another one under the same name as the file it is."""
+    from accel_train.models import pretrained
+
+    data = b"weights"
+    prefix = hashlib.sha256(data).hexdigest()[:8]
+    good = tmp_path / f"resnet18-{prefix}.pth"
+    good.write_bytes(data)
+    monkeypatch.setattr(pretrained, "cache_path", lambda weights: good)
+    info = pretrained.describe("tv:resnet18", "DEFAULT", 3, 32, 10)
+    assert info.record() == {"pretrained": "ResNet18_Weights.IMAGENET1K_V1", "pretrained_file": str(good),
+                             "pretrained_sha256": hashlib.sha256(data).hexdigest()}  # fmt: skip
+    good.write_bytes(b"other weights")
+    assert "not torchvision's" in pretrained.describe("tv:resnet18", "DEFAULT", 3, 32, 10).source
+    assert "convention" in pretrained.describe("tv:resnet18", str(good), 3, 32, 10).norm_from
 
 
 def test_head_lr_is_the_heads_group_lr():
