@@ -5,6 +5,8 @@ accelerate launch --config_file accelerate_configs/multi_cpu.yaml scripts/train.
 python scripts/train.py --config configs/seed000_mnist_cnn.yaml --max-steps 100
 """
 
+import sys
+
 from accel_train.cli import run_main
 
 
@@ -13,6 +15,10 @@ def main(argv=None):
     from accel_train.heap import importing
 
     with importing():  # torch loads here (the config's checks ask the models): no garbage collection meanwhile
+        from accel_train.install_check import check_torchvision
+
+        if not {"-h", "--help"} & set(sys.argv[1:] if argv is None else argv):  # --help stays without torch
+            check_torchvision()  # a torch/torchvision pair that does not fit: one line before anything else
         cfg = parse_config(argv)
         from accel_train.loop import fit  # heavy imports only after --help / argument errors
 

@@ -103,3 +103,23 @@ def test_the_collector_never_walks_the_imports_and_exit_skips_the_last_walk(tmp_
     assert json.loads((run / "summary.json").read_text())["global_step"] == 3
     lines = (run / "metrics.jsonl").read_text().splitlines()
     assert lines and all(json.loads(line) for line in lines)  # every line whole
+
+
+def test_a_torchvision_that_does_not_fit_torch_is_one_line_before_anything_runs(tmp_path):
+    """A torchvision whose compiled operators do not load into this torch (what pip leaves when the CPU index of
+    torch was out of reach and PyPI's torchvision came instead): one line naming both and the fix, exit 2, before
+    the run starts (the default run never imports torchvision, so it went unnoticed until a tv: model)."""
+    fake = tmp_path / "site" / "torchvision"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise RuntimeError('operator torchvision::nms does not exist')\n")
+    (fake / "_C.so").write_bytes(b"\x7fELF not a library built for this torch")
+    env = _env({"PYTHONPATH": f"{fake.parent}:{REPO}"})
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "train.py"), "--output-dir", str(tmp_path / "run")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "does not work with torch" in lines[0] and "--force-reinstall torch torchvision" in lines[0]
+    assert not (tmp_path / "run").exists()
