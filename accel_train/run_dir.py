@@ -89,6 +89,9 @@ OUTPUTS = (
     *TRACKER_FOLDERS,
     ABANDONED,
 )
+#: Written between a Slurm job's attempts (``commands/requeue.py``): the job id and its attempts in a row without
+#: progress. Not a run's output (``--overwrite`` leaves it; a new job id starts a new count).
+REQUEUE_STATE = ".slurm-requeue.json"
 _LEGACY_EVENTS = "events.out.tfevents.*"
 #: What describes one timeline beyond its checkpoints: moved aside by --branch and by a restart.
 TIMELINE = (SUMMARY, METRICS_CSV, MODEL, MODEL_EMA, CURVES, CONFUSION_JSON, CONFUSION_PNG, TENSORBOARD)

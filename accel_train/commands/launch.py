@@ -8,15 +8,45 @@ of traceback after the rank's own one-line ending ("stopped at step N (received 
 the launch exits instead with the first failed rank's code (143: stopped by SIGTERM with a checkpoint saved), with
 128 + N when the launcher itself was stopped by signal N, and with 0 when every rank finished: codes a batch script
 acts on (``scripts/slurm/train.sbatch``). accelerate's simple launcher (one process: ``distributed_type: NO`` or
-``MULTI_CPU``) raises ``CalledProcessError`` for a non-zero exit; it gives that process's code the same way. Any other
-failure keeps its traceback. ``accel_train.elastic.launch_argv`` knows this command line as an ``accelerate launch``.
+``MULTI_CPU``) raises ``CalledProcessError`` for a non-zero exit; it gives that process's code the same way.
+
+The config file (``--config_file``, else accelerate's default one if it exists) is checked first as the launch doctor
+checks it (``doctor.diagnose.check_config_file``): a missing file, one that is not a mapping (a YAML list), an
+unknown ``distributed_type`` or key, an unquoted ``NO``, ... end with one line and exit code 2 instead of
+accelerate's traceback. Any other failure keeps its traceback. ``accel_train.elastic.launch_argv`` knows this
+command line as an ``accelerate launch``.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
+
+from accel_train.doctor.configfile import MULTI_CONFIG
+from accel_train.errors import UserError
+
+
+def check_config(path: str | None) -> None:
+    """A ``UserError`` (one line) when accelerate's launch would fail on the config file ``path`` (None: accelerate's
+    default file, when there is one): the launch doctor's first error, and the command that lists them all."""
+    from accelerate.commands.config.config_args import default_config_file
+
+    from accel_train.doctor.diagnose import check_config_file
+
+    if path is None and not os.path.isfile(default_config_file):
+        return  # accelerate launches with its defaults
+    path = default_config_file if path is None else path
+    if not os.path.isfile(path):
+        raise UserError(f"--config_file {path}: file not found; pass an accelerate config file, e.g. {MULTI_CONFIG}")
+    diag, _ = check_config_file(path)
+    if diag.errors:
+        more = f" ({len(diag.errors) - 1} more problem(s))" if len(diag.errors) > 1 else ""
+        raise UserError(
+            f"accelerate config {path}: {diag.errors[0].message}{more}; fix the file (python scripts/doctor.py "
+            f"--config_file {path} checks it)"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -27,6 +57,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from accel_train.elastic import exit_code_of
 
     args = launch_command_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        check_config(args.config_file)
+    except UserError as exc:
+        print(f"error: {' '.join(str(exc).splitlines())}", file=sys.stderr, flush=True)
+        return exc.exit_code
     try:
         launch_command(args)
     except (ChildFailedError, SignalException) as exc:

@@ -65,12 +65,11 @@ def _check_keys(path: Path, cfg: dict[str, Any], top: Nodes, sagemaker: bool, di
             diag.add("error", "config-load-failed", f"accelerate cannot load it: {type(e).__name__}: {message}")
 
 
-def diagnose_config(
-    path: str | Path, env: Environment, *, cpu: bool = False, launch_args: Sequence[str] = ()
-) -> Diagnosis:
-    """Predict what ``accelerate launch [--cpu] [launch_args] --config_file path`` does on ``env``; list its traps.
+def check_config_file(path: str | Path) -> tuple[Diagnosis, dict[str, Any] | None]:
+    """The file on its own (no launch plan): its YAML or JSON, keys, distributed_type and counts, as accelerate's
+    loader and launchers take them. Returns the findings and the file's mapping (None when it is not one).
 
-    Raises ``UserError`` when the file does not exist.
+    Raises ``UserError`` when the file does not exist or cannot be read.
     """
     path = Path(path)
     if not path.is_file():
@@ -82,16 +81,30 @@ def diagnose_config(
         raise UserError(f"cannot read accelerate config file {path}: {e}") from e
     parsed = _parse(path, text, diag)
     if parsed is None:
-        return diag
+        return diag, None
     cfg, top = parsed
     sagemaker = cfg.get("compute_environment") == "AMAZON_SAGEMAKER"
     _check_keys(path, cfg, top, sagemaker, diag)
     check_distributed_type(cfg, diag)
-    if sagemaker and not diag.errors:
+    if not sagemaker or diag.errors:  # a SageMaker config's counts are SageMaker's
+        check_counts(cfg, diag)
+    return diag, cfg
+
+
+def diagnose_config(
+    path: str | Path, env: Environment, *, cpu: bool = False, launch_args: Sequence[str] = ()
+) -> Diagnosis:
+    """Predict what ``accelerate launch [--cpu] [launch_args] --config_file path`` does on ``env``; list its traps.
+
+    Raises ``UserError`` when the file does not exist.
+    """
+    diag, cfg = check_config_file(path)
+    if cfg is None:
+        return diag
+    if cfg.get("compute_environment") == "AMAZON_SAGEMAKER" and not diag.errors:
         diag.plan = {"launcher": "sagemaker", "distributed_type": cfg.get("distributed_type"), "num_machines": 1}
         diag.add("info", "sagemaker-not-checked", "AMAZON_SAGEMAKER configs run remotely; only the file was checked")
         return diag
-    check_counts(cfg, diag)
     if diag.errors:  # accelerate refuses the file, or its launcher would crash on it: said above
         return diag
     try:

@@ -4,9 +4,12 @@ started here and stopped afterwards.
 The job is submitted as a CPU cluster's user would (no GRES, 2 CPU ranks) with an output folder whose name has
 a space. A 1-minute time limit cuts the run: the job must requeue itself and finish; a `scontrol requeue` from
 outside must be survived too. Both end with the weights of a run that never stopped, bit for bit, and no step
-logged twice. A second Slurm of two nodes (two slurmds, each in its own network namespace) trains one run on
-both. Slurm's timers tick every 30 s, so these take minutes: marked ``cluster`` (``python3 -m pytest -m
-cluster``, the second step of .ci/run); the last test, a check of the script's text, runs by default. As root,
+logged twice. A run that needs 5 attempts (each adds 20 steps) is requeued 4 times, with no cap, and completes
+with the same weights; attempts that make no progress end the job after two in a row; a submit folder gone from
+the node ends it with one line. A second Slurm of two nodes (two slurmds, each in its own network namespace)
+trains one run on both. Slurm's timers tick every 30 s, so these take minutes: marked ``cluster`` (``python3 -m
+pytest -m cluster``, the second step of .ci/run); the last tests (the script's text, its submit-folder check and
+the launcher's one-line refusal of a broken config file, without Slurm) run by default. As root,
 the fixture installs slurm-wlm and munge with apt-get when they are missing; elsewhere, or when a daemon is
 refused, the tests skip and say why.
 """
@@ -21,11 +24,13 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from checks import assert_one_line_error
 from conftest import FAST, REPO, _env, check, max_abs_diff, metrics, run_script, weights
 
 SBATCH = "scripts/slurm/train.sbatch"
@@ -40,6 +45,39 @@ class SlowLeNet(LeNet):
     def forward(self, x):
         if self.training and os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
             time.sleep(float(os.environ.get("SLOW_STEP_S", "0")))
+        return super().forward(x)
+"""
+# LeNet that, in each process, takes BLOCK_AT training steps and then waits in the next forward until the process
+# gets SIGTERM (Slurm's time-limit warning): every attempt of a job adds BLOCK_AT steps, however late the warning comes
+# (the ranks stop at the step boundary of that forward: a multiple of --log-every). HANG_AT: a forward that never ends
+# (an attempt that cannot reach a step boundary before the limit). Unset, it is LeNet.
+BLOCKING_MODEL = """
+import os, signal, time
+from accel_train.models.lenet import LeNet
+
+class BlockingLeNet(LeNet):
+    forwards = 0
+    stopping = False
+
+    def forward(self, x):
+        if self.training:
+            cls = type(self)
+            cls.forwards += 1
+            if cls.forwards == 1:  # the trainer's SIGTERM handler is in place: note the signal, then call it
+                previous = signal.getsignal(signal.SIGTERM)
+
+                def on_term(signum, frame):
+                    cls.stopping = True
+                    if callable(previous):
+                        previous(signum, frame)
+
+                signal.signal(signal.SIGTERM, on_term)
+            if cls.forwards == int(os.environ.get("BLOCK_AT", "0")):
+                deadline = time.monotonic() + 300
+                while not cls.stopping and time.monotonic() < deadline:
+                    time.sleep(0.1)
+            if cls.forwards == int(os.environ.get("HANG_AT", "0")):
+                time.sleep(300)
         return super().forward(x)
 """
 STEPS = 100
@@ -202,6 +240,7 @@ def _sinfo(env: dict[str, str]) -> str:
 def model_dir(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("models")
     (folder / "slow_lenet.py").write_text(SLOW_MODEL)
+    (folder / "blocking_lenet.py").write_text(BLOCKING_MODEL)
     return folder
 
 
@@ -218,13 +257,15 @@ def straight(tmp_path_factory, model_dir):
     return out
 
 
-def _submit(slurm, model_dir, out: Path, *sbatch_args: str, extra_env: dict[str, str] | None = None) -> str:
+def _submit(
+    slurm, model_dir, out: Path, *sbatch_args: str, extra_env: dict[str, str] | None = None, train: list[str] = TRAIN
+) -> str:
     env = _env({**slurm, "PYTHONPATH": _pythonpath(model_dir), "SLOW_STEP_S": SLOW_STEP_S, "PROCS_PER_NODE": "2"})
     env.update(extra_env or {})
     out.parent.mkdir(parents=True)  # where Slurm writes the job's log: it creates no folder
     cmd = ["sbatch", "--parsable", "--cpus-per-task=2", f"--output={out.parent}/job-%j.out", *sbatch_args, SBATCH]
     done = subprocess.run(
-        [*cmd, *TRAIN, *FAST, "--output-dir", str(out)], cwd=REPO, env=env, capture_output=True, text=True
+        [*cmd, *train, *FAST, "--output-dir", str(out)], cwd=REPO, env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip().split(";")[0]
@@ -243,12 +284,12 @@ def _wait_until_ended(slurm, job_id: str, timeout: float = 600) -> dict[str, str
     return job
 
 
-def _check_like_straight(out: Path, straight: Path, log: str) -> float:
+def _check_like_straight(out: Path, straight: Path, log: str, total: int = STEPS) -> float:
     """The run finished with the straight run's weights, no step logged twice, no launcher traceback."""
     assert "Traceback" not in log, log[-4000:]
     assert "accel_train: the run is finished" in log, log[-4000:]
     steps = [m["step"] for m in metrics(out) if m["event"] == "train"]
-    assert steps == list(range(10, STEPS + 1, 10)), steps
+    assert steps == list(range(10, total + 1, 10)), steps
     diff = max_abs_diff(weights(straight), weights(out))
     assert diff == 0.0
     print("\n" + "\n".join(line for line in log.splitlines() if "stopped at step" in line or "requeueing" in line))
@@ -288,6 +329,85 @@ def test_requeue_from_outside_continues_the_run(slurm, model_dir, straight, tmp_
     assert "received SIGTERM" in log and "requeueing" not in log, log[-4000:]
     diff = _check_like_straight(out, straight, log)
     print(f"\nexternal requeue: 1 requeue, max weight diff {diff}, {time.monotonic() - start:.0f} s")
+
+
+LONG_STEPS = 90  # 20 steps an attempt: 5 attempts, the last one finishing (80 -> 90) without waiting for a warning
+LONG = ["--model", "blocking_lenet:BlockingLeNet", "--optimizer", "sgd", "--max-steps", str(LONG_STEPS)]
+LONG += ["--log-every", "10"]
+
+
+@pytest.mark.cluster
+def test_a_run_that_progresses_is_requeued_until_it_completes(slurm, model_dir, tmp_path):
+    """Issue 42: a run needing more attempts than a restart cap would allow. Every attempt adds 20 steps, then waits
+    for the time-limit warning; the job requeues itself after each (MAX_STALLED_REQUEUES and MAX_REQUEUES unset:
+    no cap while attempts progress) and ends COMPLETED with the weights of a run that never stopped, bit for bit."""
+    straight = tmp_path / "straight"
+    env = {"PYTHONPATH": _pythonpath(model_dir)}
+    check(run_script("train.py", *LONG, *FAST, "--output-dir", str(straight), config="multi_cpu.yaml", env=env))
+    out = tmp_path / "my runs" / "long"
+    start = time.monotonic()
+    job_id = _submit(slurm, model_dir, out, "--time=1", "--signal=B:USR1@5", train=LONG, extra_env={"BLOCK_AT": "20"})
+    job = _wait_until_ended(slurm, job_id, timeout=900)
+    log = (out.parent / f"job-{job_id}.out").read_text()
+    assert (job["JobState"], job["ExitCode"]) == ("COMPLETED", "0:0"), (job, log[-4000:])
+    requeues = int(job["Restarts"])
+    moves = [tuple(map(int, m)) for m in re.findall(r"this attempt went from step (\d+) to (\d+): requeueing", log)]
+    # an attempt whose ranks start after the warning (a loaded machine) makes no progress: it is requeued too, once
+    idle = re.findall(r"no progress past step \d+ \(1 attempt\(s\) in a row.*: requeueing", log)
+    assert requeues >= 4 and len(moves) + len(idle) == requeues == log.count(f"requeueing job {job_id}"), log[-6000:]
+    assert len(moves) >= 4 and all(b > a for a, b in moves) and "not requeued" not in log, log[-6000:]
+    diff = _check_like_straight(out, straight, log, total=LONG_STEPS)
+    took = time.monotonic() - start
+    print(f"\nprogressing run: {requeues} requeues {moves} ({len(idle)} without progress), max weight diff {diff}")
+    print(f"{took:.0f} s from submission to the end (the straight run before it not counted)")
+
+
+@pytest.mark.cluster
+def test_attempts_that_make_no_progress_end_the_job(slurm, model_dir, tmp_path):
+    """An attempt whose step never ends (HANG_AT=1: no step boundary, so no checkpoint, before the limit) is requeued
+    once; the second in a row ends the job (MAX_STALLED_REQUEUES=2, the default) with one line, not an endless loop."""
+    out = tmp_path / "my runs" / "stalled"
+    start = time.monotonic()
+    job_id = _submit(
+        slurm,
+        model_dir,
+        out,
+        "--time=1",
+        "--signal=B:USR1@5",
+        train=[*LONG, "--stop-grace", "3"],
+        extra_env={"HANG_AT": "1"},
+    )
+    job = _wait_until_ended(slurm, job_id, timeout=600)
+    log = (out.parent / f"job-{job_id}.out").read_text()
+    assert (job["JobState"], job["ExitCode"], job["Restarts"]) == ("FAILED", "143:0", "1"), (job, log[-4000:])
+    assert "no progress past step 0 (1 attempt(s) in a row" in log and log.count("requeueing job") == 1, log[-4000:]
+    stops = [line for line in log.splitlines() if "not requeued" in line]
+    assert len(stops) == 1 and "2 attempt(s) in a row saved no checkpoint past step 0" in stops[0], log[-4000:]
+    assert "Traceback" not in log, log[-4000:]
+    print(f"\nstalled run: {stops[0]}\n{time.monotonic() - start:.0f} s")
+
+
+@pytest.mark.cluster
+def test_a_submit_folder_gone_from_the_node_ends_the_job_with_one_line(slurm, tmp_path):
+    """Slurm starts a job whose SLURM_SUBMIT_DIR is missing in /tmp; the script must not train from there."""
+    gone, logs = tmp_path / "gone", tmp_path / "logs"
+    gone.mkdir()
+    logs.mkdir()
+    cmd = ["sbatch", "--parsable", "--hold", f"--output={logs}/job-%j.out", str(REPO / SBATCH), "--max-steps", "2"]
+    done = subprocess.run(cmd, cwd=gone, env=_env(slurm), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip().split(";")[0]
+    gone.rmdir()
+    subprocess.run(["scontrol", "release", job_id], env=slurm, check=True)
+    job = _wait_until_ended(slurm, job_id, timeout=300)
+    log = (logs / f"job-{job_id}.out").read_text()
+    assert (job["JobState"], job["ExitCode"]) == ("FAILED", "2:0"), (job, log)
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: SLURM_SUBMIT_DIR={gone} is not a folder on {socket.gethostname()}; submit from the "
+        "repository's folder, on a file system every node sees"
+    ], log
+    assert "accel_train: job" not in log and "Traceback" not in log, log
 
 
 def _ip(*args: str) -> None:
@@ -360,6 +480,24 @@ def test_two_nodes_train_together_like_multi_cpu(slurm_two_nodes, tmp_path):
     diff = max_abs_diff(weights(straight_out), weights(out))
     assert diff <= 1e-6
     print(f"\ntwo nodes: max weight diff {diff} from one machine's 2 ranks")
+
+
+@pytest.mark.parametrize("where", ["missing", "not the repository"])
+def test_a_submit_folder_that_is_not_the_repository_is_one_line_and_exit_2(tmp_path, where):
+    """Before anything runs (no Slurm needed: the check is the script's first)."""
+    folder = tmp_path / "gone" if where == "missing" else tmp_path
+    env = _env({"SLURM_SUBMIT_DIR": str(folder)})
+    proc = subprocess.run(["bash", str(REPO / SBATCH), "--max-steps", "2"], env=env, capture_output=True, text=True)
+    assert_one_line_error(proc, str(folder), "submit from the repository's folder")
+
+
+def test_the_launcher_refuses_a_broken_config_file_with_one_line(tmp_path):
+    """The launcher train.sbatch runs, in a real process (its imports print nothing more): a YAML list."""
+    config = tmp_path / "list.yaml"
+    config.write_text("- distributed_type: MULTI_CPU\n")
+    cmd = [sys.executable, "-m", "accel_train.commands.launch", "--config_file", str(config), "scripts/train.py"]
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
+    assert_one_line_error(proc, str(config), "must be a mapping of keys", "scripts/doctor.py --config_file")
 
 
 def test_sbatch_is_valid_bash_and_passes_arguments_whole():
