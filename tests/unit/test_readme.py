@@ -118,3 +118,36 @@ def test_no_figures_that_go_stale_on_every_change():
     ]
     found = [m.group(0) for pattern in stale for m in re.finditer(pattern, text)]
     assert found == [], f"README.md holds figures that go stale: {found}"
+
+
+def _runs_in_order(text: str) -> list[tuple[str, str, bool]]:
+    """(command, the run folder it writes, whether it continues or replaces that run) for every training command
+    of the README's code blocks, in the order a reader meets them."""
+    import shlex
+
+    runs = []
+    for block in re.findall(r"^```(?:bash|python)\n(.*?)^```", text, re.S | re.M):
+        block = block.replace("\\\n", " ")
+        for line in block.splitlines():
+            api = re.search(r"accel_train\.train\(.*output_dir=\"([^\"]+)\"", line)
+            if api:
+                runs.append((line, api.group(1), False))
+                continue
+            if "scripts/train.py" not in line or "[flags]" in line:
+                continue
+            argv = shlex.split(line.split("#")[0].split("&&")[-1])
+            out = argv[argv.index("--output-dir") + 1] if "--output-dir" in argv else "runs/default"
+            runs.append((line.strip(), out, "--resume" in argv or "--overwrite" in argv))
+    return runs
+
+
+def test_the_readmes_runs_followed_in_order_never_collide():
+    """Followed top to bottom, no example trains into a folder an earlier one filled (it would stop with 'already
+    holds a run'), unless it resumes or replaces that run on purpose."""
+    seen: dict[str, str] = {}
+    runs = _runs_in_order(readme())
+    assert len(runs) >= 6, runs
+    for command, out, continues in runs:
+        if out in seen and not continues:
+            raise AssertionError(f"{command!r} writes {out}, which {seen[out]!r} already filled")
+        seen.setdefault(out, command)
