@@ -51,6 +51,25 @@ def _unexpected(exc: Exception, debug: bool) -> int:
     return lost.exit_code
 
 
+ERROR_FILE = "ACCEL_TRAIN_ERROR_FILE"  # set by accel_train.commands.launch for the processes it starts
+
+
+def _post_to_launcher(line: str) -> None:
+    """Hand the one-line error to the launcher wrapper (``commands/launch.py``), which repeats it after torchrun's
+    own report, as the last line of the launch."""
+    path = os.environ.get(ERROR_FILE)
+    if not path:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass  # the launcher's file is gone: its own report is all there is
+
+
 def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None) -> None:
     """Run ``main(argv)`` and exit: user errors print one line (exit 2), ``--debug`` shows tracebacks.
 
@@ -65,7 +84,9 @@ def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
     except AccelTrainError as exc:
         if debug:
             traceback.print_exc()
-        print(_error_line(f"{_rank_prefix()}error: {exc}"), file=sys.stderr, flush=True)
+        line = _error_line(f"{_rank_prefix()}error: {exc}")
+        print(line, file=sys.stderr, flush=True)
+        _post_to_launcher(line)
         code = exc.exit_code
     except KeyboardInterrupt:
         print(f"{_rank_prefix()}interrupted", file=sys.stderr, flush=True)

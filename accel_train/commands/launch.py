@@ -19,6 +19,7 @@ command line as an ``accelerate launch``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -62,13 +63,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         print(f"error: {' '.join(str(exc).splitlines())}", file=sys.stderr, flush=True)
         return exc.exit_code
-    try:
-        launch_command(args)
-    except (ChildFailedError, SignalException) as exc:
-        return exit_code_of(exc)
-    except subprocess.CalledProcessError as exc:  # the simple launcher's one process
-        return 128 - exc.returncode if exc.returncode < 0 else exc.returncode
+    with _error_file() as posted:
+        try:
+            launch_command(args)
+        except (ChildFailedError, SignalException) as exc:
+            return _end(exit_code_of(exc), posted)
+        except subprocess.CalledProcessError as exc:  # the simple launcher's one process: its line is the last
+            return 128 - exc.returncode if exc.returncode < 0 else exc.returncode
     return 0
+
+
+@contextlib.contextmanager
+def _error_file():
+    """A file the started processes post their one-line error to (``cli.ERROR_FILE``); removed afterwards."""
+    import tempfile
+
+    from accel_train.cli import ERROR_FILE
+
+    fd, path = tempfile.mkstemp(prefix="accel-train-errors-", suffix=".txt")
+    os.close(fd)
+    before = os.environ.get(ERROR_FILE)
+    os.environ[ERROR_FILE] = path
+    try:
+        yield path
+    finally:
+        if before is None:
+            os.environ.pop(ERROR_FILE, None)
+        else:
+            os.environ[ERROR_FILE] = before
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def _end(code: int, posted: str) -> int:
+    """The launch's exit: the first rank's one-line error repeated as the very last line (torchrun's report of
+    the failure comes after the rank's own line), and that rank's exit code."""
+    try:
+        with open(posted, errors="replace") as fh:
+            first = fh.readline().strip()
+    except OSError:
+        first = ""
+    if first:
+        print(first, file=sys.stderr, flush=True)
+    return code
 
 
 if __name__ == "__main__":

@@ -245,3 +245,21 @@ def test_two_machine_configs_train_together_like_multi_cpu(tmp_path, straight_2p
     s = summary(out)
     assert s["world_size"] == 2 and s["global_step"] == 30
     assert max_abs_diff(weights(straight_2proc), weights(out)) <= 1e-6
+
+
+@pytest.mark.parametrize("config", ["multi_cpu.yaml", "cpu.yaml"])
+def test_a_usage_error_of_a_launched_run_ends_with_its_one_line_and_exit_2(tmp_path, config):
+    """What the README advises for launches: accel_train.commands.launch ends a rank's usage error with that line
+    as the last one (torchrun reports the failure after it) and exit 2, not exit 1 after 40 lines."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, _env
+
+    cmd = [sys.executable, "-m", "accel_train.commands.launch", "--config_file", f"accelerate_configs/{config}",
+           "scripts/train.py", "--lr", "-1", "--output-dir", str(tmp_path / "run")]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.endswith("error: --lr must be a positive number, got -1.0"), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
