@@ -50,6 +50,16 @@ def check_config(path: str | None) -> None:
         )
 
 
+def check_train_args(script: str, script_args: Sequence[str]) -> None:
+    """train.py's flags, checked here as train.py checks them: a usage error fails the same way in every rank at
+    every restart (--max_restarts 3 tried it 4 times), so it is one line before any rank starts."""
+    if os.path.basename(script) not in ("train.py", "accel-train") or {"-h", "--help"} & set(script_args):
+        return
+    from accel_train.config import parse_config
+
+    parse_config(list(script_args))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -60,6 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = launch_command_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         check_config(args.config_file)
+        check_train_args(args.training_script, args.training_script_args)
     except UserError as exc:
         print(f"error: {' '.join(str(exc).splitlines())}", file=sys.stderr, flush=True)
         return exc.exit_code

@@ -247,19 +247,30 @@ def test_two_machine_configs_train_together_like_multi_cpu(tmp_path, straight_2p
     assert max_abs_diff(weights(straight_2proc), weights(out)) <= 1e-6
 
 
-@pytest.mark.parametrize("config", ["multi_cpu.yaml", "cpu.yaml"])
-def test_a_usage_error_of_a_launched_run_ends_with_its_one_line_and_exit_2(tmp_path, config):
-    """What the README advises for launches: accel_train.commands.launch ends a rank's usage error with that line
-    as the last one (torchrun reports the failure after it) and exit 2, not exit 1 after 40 lines."""
+@pytest.mark.parametrize(
+    ("config", "launch_args", "train_args"),
+    [
+        ("multi_cpu.yaml", [], ["--dataset", "imagefolder:/no/such/folder"]),  # an input error, inside the ranks
+        ("cpu.yaml", [], ["--dataset", "imagefolder:/no/such/folder"]),
+        ("multi_cpu.yaml", ["--max_restarts", "3"], ["--lr", "-1"]),  # a usage error: refused before any rank
+    ],
+    ids=["ranks-multi_cpu", "ranks-cpu", "flags-max_restarts"],
+)
+def test_a_usage_error_of_a_launched_run_ends_with_its_one_line_and_exit_2(tmp_path, config, launch_args, train_args):
+    """What the README advises for launches: accel_train.commands.launch ends a rank's input error with that line as
+    the last one (torchrun reports the failure after it) and exit 2, not exit 1 after 40 lines; a flag train.py
+    refuses is one line before any rank starts (under --max_restarts 3 it was tried 4 times)."""
     import subprocess
     import sys
 
     from conftest import REPO, _env
 
     cmd = [sys.executable, "-m", "accel_train.commands.launch", "--config_file", f"accelerate_configs/{config}",
-           "scripts/train.py", "--lr", "-1", "--output-dir", str(tmp_path / "run")]  # fmt: skip
+           *launch_args, "scripts/train.py", *train_args, "--output-dir", str(tmp_path / "run")]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.endswith("error: --lr must be a positive number, got -1.0"), proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    needle = "--lr must be a positive number" if "--lr" in train_args else "image folder /no/such/folder does not exist"
+    assert needle in lines[-1] and lines[-1].split("error: ", 1)[0] in ("", "[rank 0] ", "[rank 1] "), lines[-3:]
     assert "Traceback" not in proc.stderr
+    assert sum(needle in line for line in lines) <= (3 if config == "multi_cpu.yaml" else 1), proc.stderr[-3000:]
