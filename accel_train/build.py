@@ -72,6 +72,7 @@ def build_trainer(
         cfg, rt, splits, plan, lr, given.get("model"), pre, fresh=resume_path is None
     )
     acc.gradient_accumulation_steps = plan.accum_steps
+    bitwise = _bitwise(cfg, rt, model, plan)  # its refusals before the run folder is touched
     steps_per_epoch = len(train_dl) // plan.accum_steps
     total_steps = cfg.max_steps or steps_per_epoch * cfg.epochs
     warn_about_run(cfg, rt, splits, total_steps)  # settings that never fire in a run this short
@@ -121,7 +122,18 @@ def build_trainer(
         timer=StepTimer(train_s=_saved_seconds(state.extra.get("train_time_s"))),
         clip=GradClipper(acc, model, cfg.max_grad_norm) if cfg.max_grad_norm > 0 else None,
         direct=direct_backward(acc, plan.accum_steps),
+        bitwise=bitwise,
     )
+
+
+def _bitwise(cfg: TrainConfig, rt: Runtime, model, plan: BatchPlan):
+    """--bitwise: its refusals for this setup, then the step that sums the micro-batches in one order."""
+    if not cfg.bitwise:
+        return None
+    from accel_train.bitwise import BitwiseStep, refuse_unless_bitwise
+
+    refuse_unless_bitwise(rt.accelerator, model, rt.data_parallel, plan.micro_batch, cfg.max_device_batch)
+    return BitwiseStep(rt.accelerator, model, plan.accum_steps)
 
 
 def _saved_seconds(value: Any) -> float:

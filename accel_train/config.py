@@ -209,6 +209,11 @@ class TrainConfig:
         resume=SAFE,
     )
     skip_nonfinite: bool = _f(False, "skip optimizer steps whose loss is NaN/Inf instead of stopping")
+    bitwise: bool = _f(
+        False,
+        "bit-identical weights on 1 process or N (docs/parity.md): needs --global-batch-size and --max-device-batch "
+        "(the same micro-batch everywhere); one thread per process, fp32, no BatchNorm; slower",
+    )
     # synthetic dataset shape
     synthetic_size: int = same_as(DataConfig, "synthetic_size")
     synthetic_test_size: int = same_as(DataConfig, "synthetic_test_size")
@@ -320,6 +325,8 @@ class TrainConfig:
         if self.resume not in ("auto", "none") and not _exists(self.resume):
             raise UserError(f"--resume {self.resume!r}: no such checkpoint; use 'auto', 'none' or an existing path")
         _check_names(self.model, self.dataset)
+        if self.bitwise:
+            _check_bitwise(self)
 
     def _check_features(self) -> None:
         """The training features' values (accel_train.features)."""
@@ -392,6 +399,20 @@ def check_saved_config(saved: Any, where: str) -> None:
         _check_names(cfg.model, cfg.dataset)
     except UserError as exc:
         check.fail("config", f"is invalid ({exc})")
+
+
+def _check_bitwise(cfg: TrainConfig) -> None:
+    """--bitwise: what must be the same in every setup (the runtime's refusals: bitwise.refuse_unless_bitwise)."""
+    if cfg.global_batch_size is None or not isinstance(cfg.max_device_batch, int):
+        raise UserError(
+            "--bitwise needs --global-batch-size G and --max-device-batch M: the same micro-batch M on every setup"
+        )
+    unsupported = {"compile": cfg.compile, "skip_nonfinite": cfg.skip_nonfinite}
+    for name, on in unsupported.items():
+        if on:
+            raise UserError(f"--bitwise cannot be combined with --{_flag(name)} (it cannot be made bit-identical)")
+    if cfg.threads not in (None, 1) or cfg.mixed_precision not in (None, "no"):
+        raise UserError("--bitwise runs one thread per process in fp32: drop --threads and --mixed-precision")
 
 
 def _check_names(model: str, dataset: str) -> None:

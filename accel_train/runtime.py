@@ -316,6 +316,7 @@ class Runtime:
     accelerator: Accelerator
     threads: int
     data_parallel: bool = False
+    deterministic_before: bool | None = None  # --bitwise: torch's setting before this run (restored by end())
 
     @property
     def is_main(self) -> bool:
@@ -351,6 +352,8 @@ class Runtime:
         """Barrier, finish trackers, destroy the process group (see also ``finish_process``)."""
         self.accelerator.wait_for_everyone()
         self.accelerator.end_training()
+        if self.deterministic_before is not None:
+            torch.use_deterministic_algorithms(self.deterministic_before)
 
 
 def _cache_per_step_package_lookups() -> None:
@@ -392,7 +395,8 @@ def build_runtime(
     check_gpu_count()
     watch_launcher()
     cpu = wants_cpu_ranks()
-    threads = configure_threads(cfg.threads)
+    bitwise = getattr(cfg, "bitwise", False)  # one thread everywhere: a kernel's sums depend on the thread count
+    threads = configure_threads(1 if bitwise else cfg.threads)
     timeout = timedelta(seconds=cfg.dist_timeout)
     init_process_group_per_attempt(cpu, timeout)
     _forget_the_previous_run()
@@ -411,6 +415,9 @@ def build_runtime(
         kwargs_handlers=[InitProcessGroupKwargs(timeout=timeout)],
     )
     runtime = Runtime(accelerator, threads)
+    if bitwise:
+        runtime.deterministic_before = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(True)
     if cpu and not gpus_hidden_on_purpose():
         runtime.warn(
             f"the accelerate config asked for {accelerator.num_processes} GPU processes but this machine has no "

@@ -112,6 +112,7 @@ class Trainer:
     _last_log: tuple[float, int] = (0.0, 0)  # (time, samples seen) of the last train record: its throughput
     clip: GradClipper | None = None  # --max-grad-norm (build.py)
     direct: bool = False  # optim.direct_backward: loss.backward() without accelerate's per-step bookkeeping
+    bitwise: Any = None  # --bitwise: a bitwise.BitwiseStep takes every micro-batch
 
     @property
     def acc(self):
@@ -236,6 +237,8 @@ class Trainer:
         few while the scale settles) advances them, as in PyTorch's AMP recipe: knowing it on the host would
         cost a GPU sync every step. It is counted on the device (:meth:`_scaled_step`).
         """
+        if self.bitwise is not None:  # each micro-batch's own gradient, summed in one fixed order
+            return self.bitwise.step(self, images, labels, indices)
         cfg, acc, model, state = self.cfg, self.acc, self.model, self.state
         t_data = time.perf_counter()
         with nullcontext() if self.direct else acc.accumulate(model):
