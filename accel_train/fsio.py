@@ -13,11 +13,12 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -165,6 +166,24 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], Any], what: str
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+
+
+def remove_temporaries(folder: str | os.PathLike, names: Collection[str] | None = None) -> list[Path]:
+    """Remove the hidden temporaries writers killed half-way left in ``folder``: ``.NAME.XXXX.tmp``, as
+    :func:`atomic_write` (and the plots' writer, with its PID) names them, for NAME in ``names`` (None: any).
+    Only for a folder no writer is using (the run's lock held). Returns what was removed."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return []
+    shape = re.compile(r"\.(.+)\.[a-z0-9_]+\.tmp")
+    removed = []
+    for entry in entries:
+        match = shape.fullmatch(entry.name)
+        if match and (names is None or match.group(1) in names) and entry.is_file(follow_symlinks=False):
+            os.unlink(entry.path)
+            removed.append(Path(entry.path))
+    return removed
 
 
 def write_json_atomic(path: str | os.PathLike, data: Any, what: str = "file") -> None:

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from accel_train.errors import UserError
-from accel_train.fsio import WRITE_GUARD, atomic_write, real_path, writing
+from accel_train.fsio import WRITE_GUARD, atomic_write, real_path, remove_temporaries, writing
 from accel_train.limits import file_kind
 from accel_train.run_lock import LOCK, RunLock, pid_alive
 
@@ -304,6 +304,7 @@ class RunDir:
             if self.lock.fd is None:
                 self.lock.acquire()
             notes += self.recover()  # a killed run may have left a step half-done since check() looked
+            self._remove_cut_writes()
             if self.interrupted_replace():
                 if not overwrite:  # check() refused this; the folder changed since
                     raise UserError(f"{self.path / REPLACED} holds a run that an interrupted --overwrite replaces")
@@ -326,6 +327,15 @@ class RunDir:
                 )
             (self.path / MARKER).write_text(json.dumps({"accel_train_run": 1}) + "\n")
         return notes
+
+    def _remove_cut_writes(self) -> None:
+        """What writes a kill cut left, removed before this attempt writes (lock held): atomic writes' temporaries
+        (summary, exports, plots, metrics) and checkpoint folders being saved or deleted (``.tmp-step_*``)."""
+        for folder, names in ((self.path, OUTPUTS), *((self.path / n, None) for n in (MODEL, MODEL_EMA, BEST))):
+            remove_temporaries(folder, names)
+        for stale in self.checkpoints.glob(f"{TMP_PREFIX}step_*"):
+            if is_own_checkpoint_name(stale.name[len(TMP_PREFIX) :]) and not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)
 
     def _stage(self) -> None:
         staging = self.path / STAGING

@@ -136,6 +136,8 @@ class Trainer:
         _reset_peak_memory(self.acc.device)
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         stopped = None
+        if self.resume_path is not None:  # its checkpoint holds this position: not saved (replaced, logged) again
+            self.last_saved = (state.global_step, state.epoch)
         try:
             self._stop_if_stopped_early()
             while state.global_step < self.total_steps and state.epoch < epochs:
@@ -178,8 +180,7 @@ class Trainer:
     def _stop_if_stopped_early(self) -> None:
         """A resumed run that had stopped early (and is resumed with the same patience) is over: finish it."""
         reason = self.features.stopped_early()
-        if reason:
-            self.last_saved = (self.state.global_step, self.state.epoch)  # its checkpoint is the one resumed from
+        if reason:  # its checkpoint is the one resumed from (``last_saved``): nothing new to save
             raise StopTraining(reason, final=True)
 
     def _evaluate_in_training(self) -> str | None:
@@ -480,15 +481,17 @@ class Trainer:
         return summary
 
     def _write_results(self, summary: dict[str, Any], confusion: torch.Tensor) -> None:
+        """The confusion matrix and plots, then summary.json, last: it marks the run finished (``--resume auto``
+        then touches nothing), so a run killed before it is finished again, not left without its plots."""
         out, names = self.run_dir.path, self.info.class_names
-        write_json_atomic(out / SUMMARY, summary, "the run summary")
         write_json_atomic(out / CONFUSION_JSON, {"class_names": names, "matrix": confusion.tolist()}, "the confusion")
-        self.run_dir.commit_replace()
         if self.cfg.plots:
             from accel_train.plots import plot_confusion_matrix, plot_curves
 
             plot_curves(out)
             plot_confusion_matrix(confusion.numpy(), names, out / CONFUSION_PNG)
+        write_json_atomic(out / SUMMARY, summary, "the run summary")
+        self.run_dir.commit_replace()
         self.rt.print(
             f"accel_train: eval_accuracy {summary['eval_accuracy']:.4f} | eval_loss {summary['eval_loss']:.4f} | "
             f"{self.state.global_step} steps in {summary['wall_time_s']:.1f}s | wrote {out}"

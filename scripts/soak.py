@@ -4,10 +4,18 @@
     python scripts/soak.py exits --trials 20      # N consecutive 2-process gloo runs must all exit 0
     python scripts/soak.py restarts --trials 20   # SIGKILL a worker at a random step under --max_restarts;
                                                   # the finished weights must equal an uninterrupted run
+    python scripts/soak.py kills --trials 100 [--processes 2]
+                                                  # SIGKILL one run N times at random moments (steps, saves,
+                                                  # evaluations, exports, the summary), --resume auto each time:
+                                                  # weights, metrics.jsonl and the folder must come out whole
+                                                  # (benchmarks/kill_soak.py)
 
-Prints one line per trial and a final 'N passed, N failed' line; writes --out JSON.
+Prints one line per trial and a final 'N passed, N failed' line (kills: one line per attempt, then where the
+kills landed and the verdict); writes --out JSON.
 """
 
+import os
+import sys
 from pathlib import Path
 
 from accel_train.cli import ArgumentParser, run_main  # light: no torch
@@ -119,11 +127,41 @@ def soak_restarts(trials: int, work: Path, steps: int, seed: int) -> list[dict]:
     return results
 
 
+def _kill_campaign(args) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("benchmarks") is None:  # the harness is not a package: the repository goes on
+        if os.environ.get("SOAK_REEXEC"):  # PYTHONPATH, once (as scripts/benchmark.py does)
+            raise SystemExit(f"error: benchmarks/ cannot be imported from {REPO}")
+        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+        env = {**os.environ, "PYTHONPATH": path, "SOAK_REEXEC": "1"}
+        sys.stdout.flush()
+        os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:]], env)
+    import json
+
+    from benchmarks.kill_soak import campaign
+    from benchmarks.kill_verdict import summary_lines
+
+    out = Path(args.out) if args.out else None
+    result = campaign(
+        args.trials, Path(args.work), args.steps or 200, args.processes, args.seed, args.kills_per_run, args.rank_kills
+    )
+    if out:
+        out.write_text(json.dumps({"mode": "kills", **result}, indent=2))
+    print("\n".join(summary_lines(result)))
+    return 0 if result["ok"] and result["kills"] >= args.trials else 1
+
+
 def main(argv=None):
     parser = ArgumentParser(description="Soak checks for multi-process runs.")
-    parser.add_argument("mode", choices=("exits", "restarts"))
+    parser.add_argument("mode", choices=("exits", "restarts", "kills"))
     parser.add_argument("--trials", type=int, default=20)
-    parser.add_argument("--steps", type=int, default=24, help="optimizer steps per run (default: 24)")
+    parser.add_argument("--steps", type=int, help="optimizer steps per run (default: 24; kills: 200)")
+    parser.add_argument("--processes", type=int, choices=(1, 2), default=1, help="kills: 1, or 2 (multi_cpu.yaml)")
+    parser.add_argument("--kills-per-run", type=int, default=10, help="kills: before a new run starts (default: 10)")
+    parser.add_argument(
+        "--rank-kills", type=float, default=0.25, help="kills on 2 processes: the fraction of one rank only"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed for the kill steps (default: 0)")
     parser.add_argument("--work", default="runs/soak", help="scratch folder (default: runs/soak)")
     parser.add_argument("--out", help="write the results as JSON here")
@@ -136,10 +174,12 @@ def main(argv=None):
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
+    if args.mode == "kills":
+        return _kill_campaign(args)
     if args.mode == "exits":
-        results = soak_exits(args.trials, work, args.steps)
+        results = soak_exits(args.trials, work, args.steps or 24)
     else:
-        results = soak_restarts(args.trials, work, args.steps, args.seed)
+        results = soak_restarts(args.trials, work, args.steps or 24, args.seed)
     passed = sum(r["ok"] for r in results)
     if args.out:
         Path(args.out).write_text(json.dumps({"mode": args.mode, "results": results}, indent=2))

@@ -14,7 +14,8 @@ loads such objects with ``weights_only=False``).
 Saves are atomic: every rank writes into ``.tmp-step_…``; after a barrier the
 main process writes ``progress.json`` last and renames the folder into place.
 A save killed half-way leaves a ``.tmp-`` folder that ``--resume auto``
-ignores and the next save removes.
+ignores and the next attempt removes; so does a kill while retention deletes
+an old checkpoint (the folder is renamed to its ``.tmp-`` name first).
 
 Model weights are written unwrapped (no ``module.``/``_orig_mod.``) through
 accelerate's save/load hooks, so a checkpoint from 2 DDP processes resumes in
@@ -179,7 +180,14 @@ def _retire_old(run: RunDir, keep_last: int, keep: tuple[Path, ...]) -> None:
     ckpts = [p for _, p in list_checkpoints(run)]
     for old in ckpts[: max(0, len(ckpts) - keep_last)]:
         if old.resolve() not in keep_real:
-            shutil.rmtree(old, ignore_errors=True)
+            # renamed out of the checkpoints first: a kill while deleting leaves a .tmp- folder (resume ignores it,
+            # the next attempt removes it), never a half checkpoint under a checkpoint's name that stays for good
+            doomed = old.with_name(TMP_PREFIX + old.name)
+            try:
+                os.replace(old, doomed)
+            except OSError:
+                doomed = old
+            shutil.rmtree(doomed, ignore_errors=True)
 
 
 def save_checkpoint(
