@@ -172,4 +172,5 @@ def test_survivor_on_the_other_host_of_a_sigkilled_peer_leaves_with_one_line(tmp
     assert len(lines) == 1 and lines[0].startswith("[rank 0] error: another process of this run (rank 1) died"), text
     assert "--resume auto" in lines[0] and "unexpected failure" not in text and str(REPO / "accel_train") not in text
     assert re.search(r"exitcode\s*:\s*4 \(pid", text), text
-    assert (out / "checkpoints" / "step_00000004").is_dir()
+    # the checkpoints are kept (which ones depends on how far the run got before the kill: --keep-last retires)
+    assert sorted((out / "checkpoints").glob("step_*")), list((out / "checkpoints").iterdir())
