@@ -13,7 +13,9 @@ file first, as ``--config`` does.
 ``model``: a model name as ``--model`` takes it (``"lenet"``, ``"tv:resnet50"``, ``"pkg.mod:build"``);
 a class or function called as ``model(num_classes=, in_channels=, image_size=)`` (its initialisation
 then follows ``seed``, the same on any number of processes); or an ``nn.Module`` instance (every
-process uses rank 0's initial weights). Without datasets, ``dataset=`` names one as ``--dataset`` does.
+process uses rank 0's initial weights). Without datasets, ``dataset=`` names one as ``--dataset`` does. Without
+a model, your data (or any but the built-in datasets) trains ``small_cnn`` for 500 steps or more
+(``accel_train/defaults.py``).
 
 Datasets: any ``torch.utils.data.Dataset`` of ``(image, label)`` pairs, or of dicts with an image and
 a label (a Hugging Face ``datasets.Dataset`` is one). Images may be PIL images, uint8 arrays or

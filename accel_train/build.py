@@ -25,6 +25,7 @@ from accel_train.data import build_dataset
 from accel_train.data.base import DataSplits
 from accel_train.data.folder import unaugmented_sample
 from accel_train.data.pipeline import BatchNormalizer, BatchPlan, make_loader, place_on_device, plan_batches
+from accel_train.defaults import Defaults, choose
 from accel_train.errors import CheckpointError, UserError
 from accel_train.features import TrainFeatures, use_keyed_dropout
 from accel_train.features.device_batch import AUTO, fit_device_batch
@@ -60,6 +61,7 @@ def build_trainer(
     (``resume.reconcile``).
     """
     acc = rt.accelerator
+    cfg, picked = _with_defaults(cfg, fresh=resume_path is None)  # the user's own data: its defaults (defaults.py)
     _check_inputs(cfg, rt, run_dir, resume_path)
     with acc.main_process_first():  # downloads and caches happen once
         splits = given.get("splits") or build_dataset(cfg.data_config())  # given: accel_train.train's data
@@ -74,25 +76,21 @@ def build_trainer(
     acc.gradient_accumulation_steps = plan.accum_steps
     bitwise = _bitwise(cfg, rt, model, plan)  # its refusals before the run folder is touched
     steps_per_epoch = len(train_dl) // plan.accum_steps
+    cfg = _replaced(cfg, epochs=picked.epochs(cfg.epochs, steps_per_epoch))  # at least its minimum of steps
     total_steps = cfg.max_steps or steps_per_epoch * cfg.epochs
     warn_about_run(cfg, rt, splits, total_steps)  # settings that never fire in a run this short
     scheduler = _scheduler(cfg, optimizer.optimizer, total_steps)
     install_unwrapped_weight_hooks(acc)  # nothing is registered for checkpointing: see checkpoint.safe_load
     resolved = _resolved(acc, plan, lr, total_steps, steps_per_epoch, chosen)
     resolved["augment"] = splits.extra.get("augment")  # the description: random_crop(...)+hflip, or None
+    resolved["defaults"] = picked.record(cfg.epochs) if picked else _saved_defaults(resume_path)  # what, and why
     meta = {"model_config": _model_config(cfg, splits, pre), "config": cfg.to_dict(), "resolved": resolved}
     state = _resume(cfg, rt, resume_path, scheduler, plan, total_steps, feats) if resume_path else TrainState()
     _open_run_folder(cfg, rt, run_dir, resume_path, resolved)
-    rt.print(  # before the progress bar exists, so the header does not end up on the bar's line
-        f"accel_train: {cfg.model} on {cfg.dataset} ({len(splits.train)} train / {len(splits.test)} test) | "
-        f"{acc.num_processes} process(es), {acc.distributed_type.value}, device {acc.device}, "
-        f"mixed precision {acc.mixed_precision}, {rt.threads} thread(s)/process\n"
-        f"accel_train: {plan.describe()}; lr {lr:g}; {total_steps} steps ({steps_per_epoch}/epoch)"
-        + (f"; resumed from {resume_path} at step {state.global_step}" if resume_path else "")
-    )
-    bf16_note = bf16_cpu_note(acc.mixed_precision, acc.device.type)
-    if bf16_note:
-        rt.print(f"accel_train: bf16 on CPU: {bf16_note}")
+    resumed = f"; resumed from {resume_path} at step {state.global_step}" if resume_path else ""
+    _announce(cfg, rt, splits, f"{plan.describe()}; lr {lr:g}; {total_steps} steps ({steps_per_epoch}/epoch){resumed}")
+    if picked:
+        rt.print(f"accel_train: {picked.describe(cfg.epochs, steps_per_epoch)}")
     logger = RunLogger(acc, run_dir.metrics, total_steps, state.global_step, cfg.progress, cfg.report_to != "none")
     window = Window(acc.device)
     window.restore(state.extra.get("log_window"), acc.is_main_process)
@@ -134,6 +132,39 @@ def _bitwise(cfg: TrainConfig, rt: Runtime, model, plan: BatchPlan):
 
     refuse_unless_bitwise(rt.accelerator, model, rt.data_parallel, plan.micro_batch, cfg.max_device_batch)
     return BitwiseStep(rt.accelerator, model, plan.accum_steps)
+
+
+def _announce(cfg: TrainConfig, rt: Runtime, splits: DataSplits, plan_line: str) -> None:
+    """The run's header: what trains on what, on which setup, with which batch, LR and length."""
+    acc = rt.accelerator
+    rt.print(  # before the progress bar exists, so the header does not end up on the bar's line
+        f"accel_train: {cfg.model} on {cfg.dataset} ({len(splits.train)} train / {len(splits.test)} test) | "
+        f"{acc.num_processes} process(es), {acc.distributed_type.value}, device {acc.device}, "
+        f"mixed precision {acc.mixed_precision}, {rt.threads} thread(s)/process\naccel_train: {plan_line}"
+    )
+    bf16_note = bf16_cpu_note(acc.mixed_precision, acc.device.type)
+    if bf16_note:
+        rt.print(f"accel_train: bf16 on CPU: {bf16_note}")
+
+
+def _with_defaults(cfg: TrainConfig, fresh: bool) -> tuple[TrainConfig, Defaults]:
+    """A fresh run's config with the defaults chosen for its data (``defaults.choose``: model, augmentation, least
+    steps, for what the user did not set); a resume restores what its first attempt chose, and chooses nothing."""
+    picked = choose(cfg.dataset, getattr(cfg, "given", None)) if fresh else Defaults(cfg.dataset)
+    return _replaced(cfg, **picked.settings()), picked
+
+
+def _saved_defaults(resume_path: Path | None) -> Any:
+    """What the first attempt of a resumed run chose for its data (its checkpoint's record), None for a fresh run."""
+    resolved = read_progress(resume_path).get("resolved") if resume_path is not None else None
+    return resolved.get("defaults") if isinstance(resolved, dict) else None
+
+
+def _replaced(cfg: TrainConfig, **changes: Any) -> TrainConfig:
+    """``cfg`` with ``changes`` (itself when they change nothing), validated again, what the user set kept."""
+    if all(getattr(cfg, name) == value for name, value in changes.items()):
+        return cfg
+    return dataclasses.replace(cfg, **changes).validate(given=getattr(cfg, "given", None))
 
 
 def _saved_seconds(value: Any) -> float:

@@ -18,6 +18,7 @@ from typing import Any
 
 from accel_train.accelerate_env import PRECISIONS as MIXED_PRECISION  # --mixed-precision's choices
 from accel_train.data.settings import DATA_FIELDS, DataConfig
+from accel_train.defaults import model_for
 from accel_train.errors import UserError
 from accel_train.flags import ATTEMPT, LENGTH, PARSERS, SAFE, ArgumentParser, field_type, is_parsed_text, same_as
 from accel_train.flags import setting as _f
@@ -45,9 +46,10 @@ class TrainConfig:
     # what to train
     model: str = _f(
         "lenet",
-        "model: mnist_cnn, lenet, resnet18, tv_resnet18, airbench; tv:NAME for any torchvision classifier (e.g. "
-        "tv:mobilenet_v3_small, random weights unless --pretrained); package.module:callable for your own code, "
-        "called as callable(num_classes=, in_channels=, image_size=)",
+        "model: small_cnn, mnist_cnn, lenet, resnet18, tv_resnet18, airbench; tv:NAME for any torchvision classifier "
+        "(e.g. tv:mobilenet_v3_small, random weights unless --pretrained); package.module:callable for your own code, "
+        "called as callable(num_classes=, in_channels=, image_size=) (default: lenet for the built-in datasets; for "
+        "your own data small_cnn, with --augment, --channels-last and 500 steps or more: accel_train/defaults.py)",
     )
     pretrained: str | None = _f(
         None,
@@ -227,10 +229,10 @@ class TrainConfig:
 
         ``given``: the names the user set (flags, YAML keys, ``train()``'s options); a resume restores the others
         from the checkpoint (``resume.given_fields``). Kept beside the settings, not as one of them."""
-        self._check_ranges()
-        self._check_choices_and_combinations()
         if given is not None:
             object.__setattr__(self, "given", frozenset(given))  # frozen: set once, here
+        self._check_ranges()
+        self._check_choices_and_combinations()
         return self
 
     def _check_ranges(self) -> None:
@@ -285,10 +287,11 @@ class TrainConfig:
         size = self.image_size if self.image_size is not None else self.synthetic_image_size
         if self.image_size is None and self.dataset != "synthetic":
             return  # the dataset's own size: create_model checks it
-        low = min_image_size(self.model)
+        model = model_for(self.dataset, getattr(self, "given", None), self.model)  # the defaults' choice, if any
+        low = min_image_size(model)
         if size < low:
             raise UserError(
-                f"{flag} {size} is too small for --model {self.model}, which needs images of at least {low}x{low}; "
+                f"{flag} {size} is too small for --model {model}, which needs images of at least {low}x{low}; "
                 f"pass --image-size {low} or larger"
             )
 

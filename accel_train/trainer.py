@@ -31,6 +31,7 @@ from accel_train.errors import NonFiniteLossError, peer_lost
 from accel_train.evaluation import evaluate_model
 from accel_train.features import TrainFeatures
 from accel_train.fsio import write_json_atomic
+from accel_train.memorisation import check_memorised
 from accel_train.meters import StepTimer, Window
 from accel_train.optim import GradClipper
 from accel_train.run_dir import BEST, CONFUSION_JSON, CONFUSION_PNG, MODEL, MODEL_EMA, SUMMARY, RunDir
@@ -490,6 +491,7 @@ class Trainer:
 
             plot_curves(out)
             plot_confusion_matrix(confusion.numpy(), names, out / CONFUSION_PNG)
+        summary.update(check_memorised(self.run_dir.metrics, self.meta["resolved"], self.cfg.pretrained))
         write_json_atomic(out / SUMMARY, summary, "the run summary")
         self.run_dir.commit_replace()
         self.rt.print(

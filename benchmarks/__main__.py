@@ -15,6 +15,9 @@ Writes OUT/benchmark.json, OUT/benchmark.md and OUT/benchmark.png (see benchmark
 
 python -m benchmarks data-scale --root DIR [--train 100000]   # an image folder at scale beside torchvision's
 (benchmarks/data_scale.py: time to the first step, a second launch, a resume, indexing memory, pipeline images/s)
+
+python -m benchmarks shapes [--seeds 0,1,2] [-- FLAGS]   # the README's folder command on drawn shapes, 3 seeds
+(benchmarks/shapes_bench.py: test accuracy, the memorisation warning, seconds from process start, CPU seconds)
 """
 
 import sys
@@ -102,6 +105,10 @@ def main(argv=None):
     from accel_train.errors import UserError
 
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["shapes"]:
+        from benchmarks.shapes_bench import main as shapes
+
+        return shapes(argv[1:])
     if argv[:1] == ["data-scale"]:
         from benchmarks.data_scale import main as data_scale
 

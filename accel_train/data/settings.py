@@ -34,7 +34,11 @@ class DataConfig:
     val_split: float = _f(0.2, "test fraction for sources without a test split")
     image_column: str | None = _f(None, "image column of an hf: dataset (default: detected)")
     label_column: str | None = _f(None, "label column of an hf: dataset (default: detected)")
-    augment: bool | None = _f(None, "data augmentation (default: the dataset's own: crop+flip for cifar10)")
+    augment: bool | None = _f(
+        None,
+        "data augmentation (default: the dataset's own: crop+flip for cifar10; crop+flip for imagefolder:, hf: and "
+        "shards: when --model is not given, see --model)",
+    )
     crop_padding: int | None = _f(
         None, "random-crop padding in pixels when augmenting (default: the dataset's: 4 for cifar10, 2 for mnist)"
     )

@@ -2,7 +2,7 @@
 
 ``name`` is one of three things:
 
-* a registered name (``lenet``, ``mnist_cnn``, ``resnet18``, ``tv_resnet18``, ``airbench``, or your
+* a registered name (``small_cnn``, ``lenet``, ``mnist_cnn``, ``resnet18``, ``tv_resnet18``, ``airbench``, or your
   ``register_model``);
 * ``tv:NAME``: any torchvision classification model, random weights (:mod:`accel_train.models.tv`);
 * ``package.module:callable``: your own code, called as ``callable(num_classes=, in_channels=, image_size=)``
@@ -27,6 +27,7 @@ from accel_train.models.airbench import AirbenchNet
 from accel_train.models.lenet import LeNet
 from accel_train.models.mnist_cnn import MnistCNN
 from accel_train.models.resnet import ResNet18, tv_resnet18
+from accel_train.models.small_cnn import SmallCNN
 
 ModelBuilder = Callable[..., nn.Module]
 
@@ -36,6 +37,7 @@ _MODELS: dict[str, ModelBuilder] = {
     "resnet18": ResNet18,
     "tv_resnet18": tv_resnet18,
     "airbench": AirbenchNet,
+    "small_cnn": SmallCNN,
 }
 _SPEC_HELP = "tv:NAME (a torchvision classifier, e.g. tv:resnet50) or package.module:callable (your own code)"
 

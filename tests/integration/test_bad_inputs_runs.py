@@ -384,7 +384,7 @@ EXPORT_CASES = [
         "model-unknown",
         {"model": "vit"},
         [
-            "model must be one of airbench, lenet, mnist_cnn, resnet18, tv_resnet18, tv:NAME or "
+            "model must be one of airbench, lenet, mnist_cnn, resnet18, small_cnn, tv_resnet18, tv:NAME or "
             "package.module:callable, got 'vit'"
         ],
     ),

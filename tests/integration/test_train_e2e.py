@@ -96,6 +96,8 @@ PARITY = {
     "tv_resnet18": ["--lr", "5e-5", "--sync-bn"],
     # whitening set from the same training images on both ranks; x64 LR for its BatchNorm biases
     "airbench": ["--lr", "5e-5", "--sync-bn", "--image-size", "12", "--nesterov"],
+    # the default for the user's own data (defaults.py), as its defaults run it: channels_last; BatchNorm synced
+    "small_cnn": ["--lr", "0.05", "--sync-bn", "--channels-last"],
 }
 
 

@@ -1,0 +1,101 @@
+"""The defaults chosen for the data when the user does not choose: one rule, in one place.
+
+The built-in datasets (``digits``, ``synthetic``, ``mnist``, ``fashion_mnist``, ``cifar10``) keep their recipes:
+``lenet`` (the flag's default), their own augmentation and the flag's epochs, so their runs, parity and resume
+promises stay what they were. Any other data (``imagefolder:``, ``hf:``, ``shards:``, a registered dataset, the
+data given to ``accel_train.train``) is the user's own, small more often than not, with classes that do not depend
+on where the object is. When the user picks no model (no ``--model`` flag, YAML key or ``train()`` option), the
+rest of the recipe is chosen with it, each part only where the user did not set it:
+
+* the model is ``small_cnn`` (``models/small_cnn.py``: per-image centred inputs, batch-normalised 3x3 convolutions,
+  global max pooling: the same features wherever the object is). It learns such classes on a CPU in seconds, where
+  ``lenet`` (its flattened layers tie every feature to a position) memorises a few hundred images;
+* the augmentation is on for the sources whose builders have one (``imagefolder:``, ``hf:``, ``shards:``: random
+  crop and horizontal flip); ``--no-augment`` turns it off (text, digits: a mirrored one is another class);
+* ``--channels-last``: its convolutions take 0.7x the time on a CPU (measured), the same on a GPU;
+* the run takes at least :data:`MIN_STEPS` optimizer steps: ``--epochs`` is raised for a small dataset (120 images
+  at batch 32 make 3 steps an epoch, 24 in the flag's 8 epochs), unless ``--epochs`` or ``--max-steps`` is given.
+
+``build.py`` applies the choice to a fresh run's config, records it in ``config.yaml`` (``resolved.defaults``) and
+says it in one line at the start. A resume never chooses again: it restores the saved config, choice included.
+A user who picks the model keeps today's recipe for the rest (``--model resnet18`` trains as long as asked: at
+8 s a step on 2 cores, 500 steps would be an hour). No torch and no ``TrainConfig`` here: plain values in, plain
+values out (the config's validation uses it too).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from dataclasses import dataclass
+
+#: The datasets with a recipe of their own (model, augmentation, length): nothing is chosen for them.
+BUILTIN_DATASETS = frozenset({"digits", "synthetic", "mnist", "fashion_mnist", "cifar10"})
+#: The sources whose builders read ``--augment`` (``data/folder.py``'s ``augment_for``: crop + flip).
+AUGMENTED_SOURCES = ("imagefolder:", "hf:", "shards:")
+MODEL = "small_cnn"
+#: The least optimizer steps of a run on the user's own data (measured on six 120-image shapes folders,
+#: ``benchmarks/shapes_bench.py``: 300 steps ended at 90-100% test accuracy, 400 at 90-100%, 500 at 96.7-100%).
+MIN_STEPS = 500
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What was chosen for a run (None: nothing chosen for that setting: the user's value or the flag's)."""
+
+    dataset: str
+    model: str | None = None
+    augment: bool | None = None
+    channels_last: bool | None = None
+    min_steps: int | None = None
+
+    def __bool__(self) -> bool:
+        return self.model is not None
+
+    def settings(self) -> dict[str, object]:
+        """The config fields this choice sets (``epochs`` follows, once the steps per epoch are known)."""
+        chosen = {"model": self.model, "augment": self.augment, "channels_last": self.channels_last}
+        return {name: value for name, value in chosen.items() if value is not None}
+
+    def epochs(self, epochs: int, steps_per_epoch: int) -> int:
+        """``epochs``, raised so that the run takes at least ``min_steps`` optimizer steps."""
+        if not self.min_steps or steps_per_epoch < 1 or epochs * steps_per_epoch >= self.min_steps:
+            return epochs
+        return math.ceil(self.min_steps / steps_per_epoch)
+
+    def why(self) -> str:
+        return f"{self.dataset} is not a built-in dataset with a recipe of its own, and no --model was given"
+
+    def record(self, epochs: int) -> dict[str, object]:
+        """``resolved.defaults`` in config.yaml and the checkpoints: what was chosen, and why."""
+        return {**self.settings(), "epochs": epochs, "min_steps": self.min_steps, "why": self.why()}
+
+    def describe(self, epochs: int, steps_per_epoch: int) -> str:
+        """The run's start line (without the ``accel_train:`` prefix)."""
+        parts = [f"--model {self.model} (small CNN with global pooling: the class wherever the object is)"]
+        if self.augment:
+            parts.append("--augment (random crop + flip; --no-augment where a mirrored image is another class)")
+        if self.channels_last:
+            parts.append("--channels-last")
+        if self.min_steps:
+            parts.append(f"--epochs {epochs} ({epochs * steps_per_epoch} steps: at least {self.min_steps})")
+        return f"defaults for your data ({self.why()}): {', '.join(parts)}; flags choose otherwise"
+
+
+def choose(dataset: str, given: Collection[str] | None) -> Defaults:
+    """The defaults for ``dataset`` when the user set the fields in ``given`` (None: every field, a config built
+    in code). Empty (false) for the built-in datasets and when the user picked the model."""
+    if given is None or dataset in BUILTIN_DATASETS or "model" in given:
+        return Defaults(dataset)
+    return Defaults(
+        dataset,
+        model=MODEL,
+        augment=True if "augment" not in given and dataset.startswith(AUGMENTED_SOURCES) else None,
+        channels_last=None if "channels_last" in given else True,
+        min_steps=None if "epochs" in given or "max_steps" in given else MIN_STEPS,
+    )
+
+
+def model_for(dataset: str, given: Collection[str] | None, model: str) -> str:
+    """The model a run of ``dataset`` builds (``model``: the config's value; ``given``: what the user set)."""
+    return choose(dataset, given).model or model
