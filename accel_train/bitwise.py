@@ -108,11 +108,5 @@ class BitwiseStep:
             trainer.clip()
         trainer.optimizer.step()
         trainer.optimizer.optimizer.zero_grad(set_to_none=True)
-        trainer.scheduler.step()
-        trainer.features.after_optimizer_step()  # --ema
-        state.global_step += 1
-        state.step_in_epoch += 1
-        state.samples_seen += trainer.plan.global_batch
-        trainer.logger.advance()
-        trainer._after_optimizer_step(t_data)
+        trainer._after_optimizer_step(t_data)  # schedule, EMA, counters, logging, as the normal step
         return True

@@ -262,16 +262,7 @@ class Trainer:
         if not acc.sync_gradients:  # a micro-batch of an accumulated step
             self._account(t_data, optimizer_step=False)
             return False
-        if skip:
-            state.nonfinite_skipped += 1
-        else:
-            self.scheduler.step()
-            self.features.after_optimizer_step()  # --ema
-        state.global_step += 1
-        state.step_in_epoch += 1
-        state.samples_seen += self.plan.global_batch
-        self.logger.advance()
-        self._after_optimizer_step(t_data)
+        self._after_optimizer_step(t_data, skipped=skip)
         return True
 
     def _scaled_step(self) -> None:
@@ -299,9 +290,18 @@ class Trainer:
             self.state.fp16_skipped_steps += int(self._fp16_skips.item())
             self._fp16_skips = None
 
-    def _after_optimizer_step(self, t_data: float) -> None:
-        """Logging, step timing, evaluation, checkpoint and the stop vote after one optimizer step."""
+    def _after_optimizer_step(self, t_data: float, skipped: bool = False) -> None:
+        """Schedule and EMA (a ``skipped`` step is only counted), counters, logs, evaluation, checkpoint, stop vote."""
         cfg, state = self.cfg, self.state
+        if skipped:
+            state.nonfinite_skipped += 1
+        else:
+            self.scheduler.step()
+            self.features.after_optimizer_step()  # --ema
+        state.global_step += 1
+        state.step_in_epoch += 1
+        state.samples_seen += self.plan.global_batch
+        self.logger.advance()
         reason = self.stop_requested()
         save_now = bool(reason) or bool(cfg.checkpoint_every and state.global_step % cfg.checkpoint_every == 0)
         if cfg.log_every and state.global_step % cfg.log_every == 0:
