@@ -188,10 +188,9 @@ def test_a_killed_runs_forked_children_do_not_keep_its_lock(tmp_path):
         "from pathlib import Path\n"
         "from accel_train.run_lock import RunLock\n"
         f"RunLock(Path({str(tmp_path)!r})).acquire()\n"
-        "child = os.fork()\n"
-        "if child == 0:\n"
+        "if os.fork() == 0:\n"
+        "    print(os.getpid(), flush=True)\n"  # the child says so once its fork hooks have run, as a worker would
         "    time.sleep(60); os._exit(0)\n"
-        "print(child, flush=True)\n"
         "time.sleep(60)\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
