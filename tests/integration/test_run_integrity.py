@@ -358,6 +358,27 @@ def test_a_real_full_disk_anywhere_in_a_run_is_one_line(tmpfs, fill_to):
         assert all(p.name.startswith("step_") for p in (out / "checkpoints").iterdir())
 
 
+def test_a_full_disk_while_config_yaml_is_rewritten_keeps_the_old_one_whole(tmpfs):
+    """A resume rewrites config.yaml; a disk that fills (or a kill) during the write leaves the old file whole,
+    never a truncated one (it was a plain write_text). A real tmpfs, filled to the last byte."""
+    from accel_train.config import TrainConfig, save_config
+    from accel_train.errors import UserError
+
+    path = tmpfs / "config.yaml"
+    save_config(TrainConfig(), path, extra={"note": "the first attempt"})
+    before = path.read_bytes()
+    with open(tmpfs / "ballast", "wb", buffering=0) as fh:  # fill every block
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+        except OSError:
+            pass
+    with pytest.raises(UserError, match="no space left"):
+        save_config(TrainConfig(), path, extra={"note": "x" * 200_000})
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmpfs.iterdir()) == ["ballast", "config.yaml"]  # no temporary left
+
+
 # ---- environment variables accelerate reads --------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("name", "value", "needle"),
