@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -23,7 +22,7 @@ from accel_train.defaults import model_for
 from accel_train.errors import UserError
 from accel_train.flags import ATTEMPT, LENGTH, PARSERS, SAFE, ArgumentParser, field_type, is_parsed_text, same_as
 from accel_train.flags import setting as _f
-from accel_train.fsio import atomic_write
+from accel_train.fsio import write_text_atomic
 from accel_train.json_checks import Checker, is_int, shown
 from accel_train.limits import (
     MAX_DIST_TIMEOUT,
@@ -494,12 +493,4 @@ def save_config(cfg: TrainConfig, path: str | Path, extra: dict[str, Any] | None
     data = cfg.to_dict()
     if extra:
         data = {**data, "resolved": extra}
-    text = yaml.safe_dump(data, sort_keys=False)
-
-    def dump(tmp: str) -> None:
-        with open(tmp, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-
-    atomic_write(path, dump, "the run config")  # a kill mid-write leaves the old config.yaml, never half of one
+    write_text_atomic(path, yaml.safe_dump(data, sort_keys=False), "the run config")  # never half a config.yaml

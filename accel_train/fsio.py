@@ -186,16 +186,21 @@ def remove_temporaries(folder: str | os.PathLike, names: Collection[str] | None 
     return removed
 
 
-def write_json_atomic(path: str | os.PathLike, data: Any, what: str = "file") -> None:
-    data = finite(data, str(path))  # never a bare NaN in a JSON file
+def write_text_atomic(path: str | os.PathLike, text: str, what: str = "file") -> None:
+    """``text`` into ``path``, synced, then renamed into place: a kill or a full disk leaves the old file whole."""
 
     def dump(tmp: str) -> None:
         with open(tmp, "w") as fh:
-            json.dump(data, fh, indent=2, allow_nan=False)
+            fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
 
     atomic_write(path, dump, what)
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any, what: str = "file") -> None:
+    data = finite(data, str(path))  # never a bare NaN in a JSON file
+    write_text_atomic(path, json.dumps(data, indent=2, allow_nan=False), what)
 
 
 def append_line(path: str | os.PathLike, line: str, what: str = "file") -> None:
