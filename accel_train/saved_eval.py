@@ -2,8 +2,9 @@
 split under any accelerate config, with a JSON report. The loop's own evaluation is ``evaluation.evaluate_model``.
 
 Which images are scored is never left to a default that drops some silently: a dataset's test split; a folder
-of class subfolders whole (its ``test/`` or ``val/`` where it has one); only the part ``train.py`` held out when
-asked (``--val-split``) or when the folder is the one the weights trained on. The report's ``evaluated`` says which.
+of class subfolders or of shards whole (its ``test/`` or ``val/`` where it has one); only the part ``train.py``
+held out when asked (``--val-split``) or when the data is what the weights trained on (with that run's
+``--val-split`` and ``--seed``, read from its config.yaml). The report's ``evaluated`` says which.
 """
 
 from __future__ import annotations
@@ -75,25 +76,40 @@ def _run_split(weights: str, dataset: str) -> tuple[dict[str, Any], Path | None]
     return {}, None
 
 
-def _same_folder(a: str, b: str | None) -> bool:
-    """Whether ``imagefolder:a`` and the recorded dataset ``b`` name the same folder (as seen from here)."""
-    if not b or not b.startswith("imagefolder:"):
+def _same_folder(dataset: str, b: str | None) -> bool:
+    """Whether ``dataset`` (``imagefolder:a`` or ``shards:a``) and the recorded dataset ``b`` name the same folder
+    of the same kind (as seen from here)."""
+    prefix, _, a = dataset.partition(":")
+    if not b or not b.startswith(f"{prefix}:"):
         return False
     return Path(a).expanduser().resolve() == Path(b.split(":", 1)[1]).expanduser().resolve()
 
 
-def _folder_split(cfg: TrainConfig, weights: str, recorded: str | None, given: bool, val_split, seed) -> tuple:
-    """(held_out, the DataConfig to split by, why) for ``imagefolder:`` data without a split of its own: every
-    image, unless ``--val-split`` asks for the held-out part or the folder is the one the weights trained on."""
+def _own_split(dataset: str) -> Path | None:
+    """Where ``imagefolder:``/``shards:`` data keeps a test split of its own (None: it has none, or no folder
+    is there: the builder then names the problem)."""
+    kind, _, path = dataset.partition(":")
+    root = Path(path).expanduser().absolute()
+    if not root.is_dir():
+        return None
+    if kind == "shards":
+        from accel_train.data.shards import find_shards
+
+        return root if find_shards(root)[1] is not None else None
     from accel_train.data.folder import imagefolder_layout
 
-    path = cfg.dataset.split(":", 1)[1]
-    root = Path(path).expanduser().absolute()
-    layout, folder = imagefolder_layout(root) if root.is_dir() else ("classes", root)  # the builder names a bad one
-    if layout != "classes" and val_split is not None:
-        raise UserError(f"{root} has its own test split ({folder}); drop --val-split, or point at a folder of classes")
-    trained_here = not given or _same_folder(path, recorded)
-    if layout != "classes" or val_split == 0 or (val_split is None and not trained_here):
+    layout, folder = imagefolder_layout(root)
+    return folder if layout != "classes" else None
+
+
+def _folder_split(cfg: TrainConfig, weights: str, recorded: str | None, given: bool, val_split, seed) -> tuple:
+    """(held_out, the DataConfig to split by, why) for ``imagefolder:`` or ``shards:`` data without a split of its
+    own: every image, unless ``--val-split`` asks for the held-out part or the data is what the weights trained on."""
+    own = _own_split(cfg.dataset)
+    if own is not None and val_split is not None:
+        raise UserError(f"{own} has its own test split; drop --val-split, or point at data without one")
+    trained_here = not given or _same_folder(cfg.dataset, recorded)
+    if own is not None or val_split == 0 or (val_split is None and not trained_here):
         return False, cfg.data_config(), ""
     run, where = _run_split(weights, recorded) if trained_here and recorded else ({}, None)
     split = run.get("val_split", cfg.val_split) if val_split is None else val_split
@@ -112,7 +128,7 @@ def _eval_data(cfg: TrainConfig, weights: str, model_config: dict, given: bool, 
     """The data ``accel-evaluate`` scores, with ``extra["evaluated"]`` saying which images in words."""
     from accel_train.data import build_dataset
 
-    if not cfg.dataset.startswith("imagefolder:"):
+    if not cfg.dataset.startswith(("imagefolder:", "shards:")):
         hub = cfg.dataset.startswith("hf:")
         if val_split is not None and not (hub and val_split > 0):
             raise UserError(
@@ -125,10 +141,12 @@ def _eval_data(cfg: TrainConfig, weights: str, model_config: dict, given: bool, 
         )
         return splits
     from accel_train.data.folder import build_imagefolder_eval
+    from accel_train.data.shards import build_shards_eval
 
     held_out, data, why = _folder_split(cfg, weights, model_config.get("dataset"), given, val_split, seed)
     channels, names = model_config["in_channels"], model_config.get("class_names")
-    splits = build_imagefolder_eval(data, cfg.dataset.split(":", 1)[1], held_out, channels, names)
+    build = build_shards_eval if cfg.dataset.startswith("shards:") else build_imagefolder_eval
+    splits = build(data, cfg.dataset.split(":", 1)[1], held_out, channels, names)
     splits.extra["evaluated"] += why
     return splits
 
@@ -150,10 +168,10 @@ def run_evaluation(
     """Load ``weights`` (export dir, checkpoint dir or state-dict file), evaluate, write a JSON report.
 
     Only the dataset's test split is loaded (its training files need not exist). An ``imagefolder:`` folder of
-    class subfolders is scored whole, unless ``val_split`` asks for the part ``train.py --val-split --seed`` holds
-    out (0: every image) or the folder is the one the weights trained on (then its run's held-out part); the
-    report's ``evaluated`` says which images were scored. Collective under several processes; returns the
-    report on the main process and None elsewhere.
+    class subfolders (or a ``shards:`` folder without a test split) is scored whole, unless ``val_split`` asks for
+    the part ``train.py --val-split --seed`` holds out (0: every image) or the data is what the weights trained
+    on (then its run's held-out part); the report's ``evaluated`` says which images were scored. Collective under
+    several processes; returns the report on the main process and None elsewhere.
     """
     from accel_train.data.pipeline import BatchNormalizer, make_loader
     from accel_train.metrics import load_metric

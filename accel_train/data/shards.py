@@ -376,3 +376,48 @@ def build_shards(cfg: DataConfig, path: str) -> DataSplits:
     extra = {"source": str(root), "augment": augment, "split": how, "shards": train.kind}
     extra |= {"notes": _notes(root, train, modes, channels), "index_digest": _digest(train, test)}
     return DataSplits(train_ds, test_ds, info, in_memory=False, extra=extra)
+
+
+def build_shards_eval(
+    cfg: DataConfig, path: str, held_out: bool, channels: int, class_names: list[str] | None = None
+) -> DataSplits:
+    """The rows ``accel-evaluate`` scores in ``shards:path`` (``test``; ``train`` stays empty), as
+    ``folder.build_imagefolder_eval`` does for folders: the test shards where the folder has a split of its own;
+    else every row, or with ``held_out`` the rows ``train.py`` holds out with ``cfg.val_split`` and ``cfg.seed``
+    (the same stratified choice, for the shards the model trained on). Rows are read as ``channels`` (the model's)
+    and labelled by ``class_names`` (the model's, matched by name: the shards may hold a subset of the classes)."""
+    root = Path(path).expanduser().absolute()
+    if not root.is_dir():
+        raise UserError(f"shards folder {root} does not exist (or is not a folder); check --dataset shards:<path>")
+    train_files, test_files, how = find_shards(root)
+    train = index_shards(train_files, cfg.image_column, cfg.label_column)
+    test = index_shards(test_files, cfg.image_column, cfg.label_column) if test_files else None
+    names, maps = _classes(train, test, root)
+    scored, rows, what = test or train, None, "all"
+    if test is not None:
+        evaluated = f"every row of the test shards in {root} ({len(test)}, its test split)"
+    elif held_out:
+        rows = stratified_split(torch.from_numpy(maps[0][train.labels]), cfg.val_split, cfg.seed)[1].numpy()
+        what = f"held-out:{cfg.val_split}:{cfg.seed}"  # not training's key: those stats are of the other rows
+        how_held = f"--val-split {cfg.val_split} --seed {cfg.seed}"
+        evaluated = f"the {len(rows)} of {len(train)} rows in {root} that {how_held} holds out"
+    else:
+        evaluated = f"every row in {root} ({len(train)}, no train/ and test/ split of its own)"
+    class_of = maps[-1]
+    if class_names is not None and names != class_names[: len(names)]:
+        unknown = [n for n in names if n not in class_names]
+        if unknown:
+            raise UserError(
+                f"{root} has class(es) {', '.join(map(repr, unknown[:5]))} that the model does not know (its "
+                f"classes: {', '.join(class_names[:20])}); evaluate it on shards of the model's classes"
+            )
+        class_of = np.asarray([class_names.index(n) for n in names], dtype=np.int64)[class_of]
+    modes, sizes = _headers(scored)
+    size = choose_image_size(sizes, cfg.image_size)
+    test_ds = ShardDataset(scored, channels, size, rows, class_of)
+    mean, std = _stats(test_ds, what)
+    names = class_names or names
+    info = DatasetInfo(f"shards:{path}", len(names), channels, size, names, mean, std)
+    extra = {"source": str(root), "split": how, "shards": scored.kind, "evaluated": evaluated}
+    empty = ShardDataset(scored, channels, size, np.zeros(0, dtype=np.int64), class_of)
+    return DataSplits(empty, test_ds, info, in_memory=False, extra=extra)

@@ -1,0 +1,83 @@
+"""``eval.py`` on ``shards:DIR`` scores what it says, as it does on image folders (test_eval_whole_folder.py).
+
+It scored "the test split of shards:DIR" for shards without one: ``--val-split 0.2 --seed 42`` (the defaults) of the
+rows, not the run's. For a run that trained with ``--val-split 0.5 --seed 3`` that part overlaps the rows it trained
+on (an accuracy inflated, silently), and shards it never saw were scored a fifth at a time. Now: the test shards
+where the folder has them; every row of other shards; the run's own held-out rows (its config.yaml) for the shards
+it trained on, which then agree with the run's own last evaluation.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import FAST, check, run_here, summary
+from helpers_shards import CLASSES, _samples, shard_set, write_tar
+
+ARGS = ["--model", "lenet", "--optimizer", "sgd", "--lr", "0.05", "--batch-size", "16", "--max-steps", "12"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> tuple[Path, Path]:
+    """(the run, its shards): tar shards without a split of their own, trained with the half held out by seed 3."""
+    root = tmp_path_factory.mktemp("eval_shards")
+    data = shard_set(root / "flat", "tar", "flat", size=16, rows=24)  # 96 rows, 3 classes
+    out = root / "run"
+    check(run_here("train.py", "--dataset", f"shards:{data}", *ARGS, "--val-split", "0.5", "--seed", "3", *FAST,
+                   "--output-dir", str(out)))  # fmt: skip
+    return out, data
+
+
+def _evaluate(weights: Path, *args: str) -> tuple[dict, str]:
+    report = weights.parent.parent / f"eval-{weights.name}.json"  # beside the run: never inside its folders
+    proc = check(run_here("eval.py", "--weights", str(weights), *args, "--out", str(report), "--overwrite"))
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("evaluated "), proc.stdout
+    return json.loads(report.read_text()), lines[0]
+
+
+def test_the_shards_the_weights_trained_on_score_the_runs_held_out_rows(run):
+    out, data = run
+    done = summary(out)
+    for weights in (out / "model", *sorted((out / "checkpoints").iterdir())[-1:]):
+        report, line = _evaluate(weights)  # no --dataset: the recorded one
+        assert line.endswith(
+            f"the 48 of 96 rows in {data} that --val-split 0.5 --seed 3 holds out; the weights trained on the rest "
+            f"(values from {out / 'config.yaml'}; --val-split 0 scores every image)"
+        )
+        # the very rows the run evaluated, so the very numbers
+        assert report["samples"] == done["eval_samples"] == 48
+        assert report["accuracy"] == pytest.approx(done["eval_accuracy"], abs=1e-9)
+    report, line = _evaluate(out / "model", "--dataset", f"shards:{data}", "--val-split", "0")
+    assert report["samples"] == 96 and line.endswith(f"every row in {data} (96, no train/ and test/ split of its own)")
+
+
+def test_other_shards_are_scored_whole_with_the_models_classes(run, tmp_path):
+    out, _ = run
+    images, labels = _samples(0, 30, 16, seed=9)
+    kept = [(im, CLASSES[lb]) for im, lb in zip(images, labels, strict=True) if CLASSES[lb] != "blue"]
+    other = tmp_path / "other"
+    other.mkdir()
+    write_tar(other / "part-0.tar", [im for im, _ in kept], [lb for _, lb in kept])  # green and red: not a prefix
+    report, line = _evaluate(out / "model", "--dataset", f"shards:{other}")
+    assert report["samples"] == len(kept) == 20
+    assert line == f"evaluated every row in {other} (20, no train/ and test/ split of its own)"
+    names = list(report["per_class_accuracy"])  # the model's classes, in its order: blue, green, red
+    assert names == sorted(CLASSES)
+    counts = dict(zip(names, map(sum, report["confusion_matrix"]), strict=True))  # rows: the true class
+    assert counts == {name: sum(lb == name for _, lb in kept) for name in names} and counts["blue"] == 0
+    assert report["per_class_accuracy"]["blue"] is None
+
+    half, _ = _evaluate(out / "model", "--dataset", f"shards:{other}", "--val-split", "0.5", "--seed", "1")
+    assert half["samples"] == len(kept) // 2
+
+
+def test_shards_with_a_test_split_score_it_and_refuse_val_split(run, tmp_path):
+    out, _ = run
+    split = shard_set(tmp_path / "split", "tar", "folders", size=16, rows=24)  # test/: 12 rows
+    report, line = _evaluate(out / "model", "--dataset", f"shards:{split}")
+    assert report["samples"] == 12 and line.endswith(f"every row of the test shards in {split} (12, its test split)")
+    proc = run_here("eval.py", "--weights", str(out / "model"), "--dataset", f"shards:{split}", "--val-split", "0.2")
+    assert proc.returncode == 2 and "has its own test split" in proc.stderr and "drop --val-split" in proc.stderr
