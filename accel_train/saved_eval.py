@@ -134,10 +134,20 @@ def _eval_data(cfg: TrainConfig, weights: str, model_config: dict, given: bool, 
             raise UserError(
                 f"--val-split {val_split} is for imagefolder: (and hf:) data; {cfg.dataset} has a test split"
             )
-        data = replace(cfg.data_config(), val_split=val_split or cfg.val_split, seed=cfg.seed if seed is None else seed)
+        run, where = {}, None  # the data the weights trained on: the part their run held out, not the defaults'
+        if hub and val_split is None and (not given or cfg.dataset == model_config.get("dataset")):
+            run, where = _run_split(weights, cfg.dataset)
+        split, seed = (
+            val_split or run.get("val_split", cfg.val_split),
+            run.get("seed", cfg.seed) if seed is None else seed,
+        )
+        data = replace(cfg.data_config(), val_split=split, seed=seed)
         splits = build_dataset(data, test_only=True, download_hint=FETCH_HINT)
+        held = f"the part --val-split {data.val_split} --seed {data.seed} holds out" + (
+            f", from {where}" if where else ""
+        )
         splits.extra["evaluated"] = f"the test split of {cfg.dataset}" + (
-            f" (where it has none: the part --val-split {data.val_split} --seed {data.seed} holds out)" if hub else ""
+            f" (where it has none: {held})" if hub else ""
         )
         return splits
     from accel_train.data.folder import build_imagefolder_eval

@@ -1,4 +1,4 @@
-"""``eval.py`` on ``shards:DIR`` scores what it says, as it does on image folders (test_eval_whole_folder.py).
+"""``eval.py`` on ``shards:DIR`` and ``hf:`` data scores what it says, as on folders (test_eval_whole_folder.py).
 
 It scored "the test split of shards:DIR" for shards without one: ``--val-split 0.2 --seed 42`` (the defaults) of the
 rows, not the run's. For a run that trained with ``--val-split 0.5 --seed 3`` that part overlaps the rows it trained
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FAST, check, run_here, summary
+from datafiles import write_hf_disk
 from helpers_shards import CLASSES, _samples, shard_set, write_tar
 
 ARGS = ["--model", "lenet", "--optimizer", "sgd", "--lr", "0.05", "--batch-size", "16", "--max-steps", "12"]
@@ -81,3 +82,18 @@ def test_shards_with_a_test_split_score_it_and_refuse_val_split(run, tmp_path):
     assert report["samples"] == 12 and line.endswith(f"every row of the test shards in {split} (12, its test split)")
     proc = run_here("eval.py", "--weights", str(out / "model"), "--dataset", f"shards:{split}", "--val-split", "0.2")
     assert proc.returncode == 2 and "has its own test split" in proc.stderr and "drop --val-split" in proc.stderr
+
+
+def test_hub_data_without_a_test_split_scores_the_runs_held_out_rows(tmp_path):
+    """The same for ``hf:`` data without a test split: it held out the defaults' part, not the run's."""
+    data = write_hf_disk(tmp_path / "hf", n=60, splits=False)
+    out = tmp_path / "run"
+    check(run_here("train.py", "--dataset", f"hf:{data}", *ARGS[:-2], "--batch-size", "8", "--max-steps", "6",
+                   "--val-split", "0.5", "--seed", "3", *FAST, "--output-dir", str(out)))  # fmt: skip
+    report, line = _evaluate(out / "model")
+    assert line.endswith(
+        f"(where it has none: the part --val-split 0.5 --seed 3 holds out, from {out / 'config.yaml'})"
+    )
+    done = summary(out)
+    assert report["samples"] == done["eval_samples"] == 30
+    assert report["accuracy"] == pytest.approx(done["eval_accuracy"], abs=1e-9)
