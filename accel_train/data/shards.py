@@ -347,14 +347,20 @@ def _digest(*indexes: ShardIndex | None) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
 
-def build_shards(cfg: DataConfig, path: str) -> DataSplits:
-    """Parquet, Arrow (save_to_disk) or WebDataset tar shards, read lazily (see the module docstring)."""
+def _indexed(cfg: DataConfig, path: str) -> tuple[Path, ShardIndex, ShardIndex | None, str]:
+    """(the folder, its training shards' index, its test shards' index or None, how it is split)."""
     root = Path(path).expanduser().absolute()
     if not root.is_dir():
         raise UserError(f"shards folder {root} does not exist (or is not a folder); check --dataset shards:<path>")
     train_files, test_files, how = find_shards(root)
     train = index_shards(train_files, cfg.image_column, cfg.label_column)
     test = index_shards(test_files, cfg.image_column, cfg.label_column) if test_files else None
+    return root, train, test, how
+
+
+def build_shards(cfg: DataConfig, path: str) -> DataSplits:
+    """Parquet, Arrow (save_to_disk) or WebDataset tar shards, read lazily (see the module docstring)."""
+    root, train, test, how = _indexed(cfg, path)
     names, maps = _classes(train, test, root)
     train_rows = test_rows = None
     what = "all"
@@ -386,12 +392,7 @@ def build_shards_eval(
     else every row, or with ``held_out`` the rows ``train.py`` holds out with ``cfg.val_split`` and ``cfg.seed``
     (the same stratified choice, for the shards the model trained on). Rows are read as ``channels`` (the model's)
     and labelled by ``class_names`` (the model's, matched by name: the shards may hold a subset of the classes)."""
-    root = Path(path).expanduser().absolute()
-    if not root.is_dir():
-        raise UserError(f"shards folder {root} does not exist (or is not a folder); check --dataset shards:<path>")
-    train_files, test_files, how = find_shards(root)
-    train = index_shards(train_files, cfg.image_column, cfg.label_column)
-    test = index_shards(test_files, cfg.image_column, cfg.label_column) if test_files else None
+    root, train, test, how = _indexed(cfg, path)
     names, maps = _classes(train, test, root)
     scored, rows, what = test or train, None, "all"
     if test is not None:
