@@ -100,3 +100,33 @@ def run_cli(capsys, main, argv: list[str]) -> tuple[int, str, str]:
         run_main(main, argv)
     out, err = capsys.readouterr()
     return info.value.code, out, err
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on, for a process that binds it seconds later: drawn (from the OS's randomness:
+    two xdist workers must not draw alike) below the ephemeral range, which ``bind(0)`` and every outgoing
+    connection draw from, so no other socket takes it in between (``bind(0)``'s port could be taken so)."""
+    import random
+    import socket
+
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    draw = random.SystemRandom()
+    for port in (draw.randrange(20000, max(low, 20001)) for _ in range(100)):
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` runs: a zombie has exited (nobody reaped it yet: a container's PID 1 may never)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

@@ -11,6 +11,9 @@ FAULT_ENOSPC makes the disk "fill up" (OSError ENOSPC, as a real full disk gives
 ``export`` in every safetensors write (exports; checkpoints too, unless disabled),
 ``metrics:N`` on the N-th metrics line.
 
+FAULT_STEP_SLEEP_S=S: every training forward of LeNet (the faulty ones too) sleeps S seconds first: a run slow
+enough that a test's signal lands mid-run however loaded the machine is, with the same arithmetic.
+
 FAULT_SLOW_EXIT=S: the way out after an error (``cli._unexpected``, where the one-line error is printed) takes S
 seconds longer, as a loaded machine's teardown does: a launcher's SIGTERM then lands in it.
 """
@@ -112,6 +115,16 @@ if os.environ.get("FAULT_SLOW_EXIT"):
     _slow_exit(float(os.environ["FAULT_SLOW_EXIT"]))
 if os.environ.get("FAULT_ENOSPC"):
     _fill_disk_at(os.environ["FAULT_ENOSPC"])
+
+if os.environ.get("FAULT_STEP_SLEEP_S"):
+    _lenet_forward = LeNet.forward
+
+    def _slow_forward(self, x):
+        if self.training:
+            time.sleep(float(os.environ["FAULT_STEP_SLEEP_S"]))
+        return _lenet_forward(self, x)
+
+    LeNet.forward = _slow_forward
 
 for mode in ("nan", "crash", "hang"):
     cls = type(f"{mode.title()}LeNet", (FaultyLeNet,), {"mode": mode})

@@ -5,16 +5,19 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 
 import pytest
+from checks import free_port
 from conftest import FAST, REPO, _env, check, fit_here, launch_cmd, max_abs_diff, metrics, run_script, summary, weights
 
 from accel_train.doctor.launching import child_pids, wait_for_step
 
 FAULTY = "tests/fault_train.py"
 LENET = ["--model", "lenet", "--global-batch-size", "32", "--log-every", "1", *FAST]
+# A 30-step run takes ~0.6 s: a signal sent on seeing step 8 or 13 could land after its last step on a loaded
+# machine. FAULTY with this sleeps 0.1 s a step (tests/fault_train.py), the weights unchanged.
+SLOW = {"FAULT_STEP_SLEEP_S": "0.1"}
 
 
 def _wait_for_step(run_dir, step, proc, timeout=180):
@@ -38,7 +41,7 @@ def test_sigkilled_worker_restarts_and_finishes_identically(tmp_path, straight_2
     """accelerate launch --max_restarts + --resume auto: a worker killed with SIGKILL loses nothing."""
     out = tmp_path / "run"
     cmd = launch_cmd(
-        "train.py",
+        FAULTY,  # LeNet with 0.1 s steps (SLOW): the kill lands mid-run, never after the last step
         *LENET,
         "--max-steps",
         "30",
@@ -51,7 +54,7 @@ def test_sigkilled_worker_restarts_and_finishes_identically(tmp_path, straight_2
         config="multi_cpu.yaml",
         launch_args=("--max_restarts", "2"),
     )
-    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(SLOW), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait_for_step(out, kill_step, proc)
         workers = child_pids(proc.pid)
@@ -171,10 +174,10 @@ def test_skip_nonfinite_skips_and_counts(tmp_path):
 def test_sigterm_saves_at_step_boundary_and_resumes(tmp_path, straight_2proc):
     """Preemption: SIGTERM to the launcher -> every rank checkpoints at the next step and exits; resume is exact."""
     out = tmp_path / "run"
-    cmd = launch_cmd("train.py", *LENET, "--max-steps", "30", "--output-dir", str(out), config="multi_cpu.yaml")
-    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cmd = launch_cmd(FAULTY, *LENET, "--max-steps", "30", "--output-dir", str(out), config="multi_cpu.yaml")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(SLOW), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        _wait_for_step(out, 8, proc)
+        _wait_for_step(out, 8, proc)  # 22 steps of 0.1 s left: the SIGTERM lands before the run ends
         proc.send_signal(signal.SIGTERM)
         log, _ = proc.communicate(timeout=120)
     finally:
@@ -214,16 +217,10 @@ def test_sigint_single_process_stops_cleanly(tmp_path):
     assert summary(out)["global_step"] == 60
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_machine_configs_train_together_like_multi_cpu(tmp_path, straight_2proc):
     """multi_node_rank0.yaml + multi_node_rank1.yaml on 127.0.0.1: world size 2, same weights as multi_cpu.yaml."""
     out = tmp_path / "run"
-    port = _free_port()
+    port = free_port()
     # --threads 1: each "machine" has one local process and would otherwise use both cores, which changes
     # the float summation order compared with multi_cpu.yaml's 1 thread per rank
     args = [*LENET, "--max-steps", "30", "--threads", "1", "--output-dir", str(out)]

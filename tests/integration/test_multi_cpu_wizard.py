@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import yaml
+from checks import free_port, running
 from conftest import FAST, REPO, _env, check, fit_here, launch_cmd, max_abs_diff, run_script, summary, weights
 from test_wizard_configs import wizard_multi_cpu_config
 
@@ -39,17 +38,11 @@ def wizard_yaml(tmp_path):
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _multi_machine_yaml(tmp_path):
     path = tmp_path / "two_machines.yaml"
     wizard_multi_cpu_config(4).to_yaml_file(str(path))
     data = yaml.safe_load(path.read_text())
-    data.update(num_machines=2, main_process_ip="127.0.0.1", main_process_port=_free_port())
+    data.update(num_machines=2, main_process_ip="127.0.0.1", main_process_port=free_port())
     path.write_text(yaml.safe_dump(data))
     return path
 
@@ -277,14 +270,6 @@ def test_multi_machine_refusal_is_one_line_with_accelerate_q(tmp_path):
     assert not (out / "summary.json").exists()
 
 
-def _alive(pid: int) -> bool:
-    """Running (a zombie nobody reaped counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_killed_accelerate_launch_stops_the_ranks_with_a_checkpoint(wizard_yaml, tmp_path):
     """accelerate's simple launcher passes no signal on: once it is gone, the launcher SIGTERMs the ranks."""
     out = tmp_path / "run"
@@ -302,12 +287,12 @@ def test_killed_accelerate_launch_stops_the_ranks_with_a_checkpoint(wizard_yaml,
         proc.kill()
         proc.wait()
         deadline = time.time() + 90
-        while time.time() < deadline and any(map(_alive, started)):
+        while time.time() < deadline and any(map(running, started)):
             time.sleep(0.5)
-        assert not any(map(_alive, started)), (tmp_path / "log.txt").read_text()[-3000:]
+        assert not any(map(running, started)), (tmp_path / "log.txt").read_text()[-3000:]
     finally:
         for pid in [proc.pid, *started]:  # what this test started, if it is still there
-            if _alive(pid):
+            if running(pid):
                 os.kill(pid, signal.SIGKILL)
     text = (tmp_path / "log.txt").read_text()
     assert "received SIGTERM" in text and "checkpoint saved" in text, text[-3000:]

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from checks import one_error
+from checks import one_error, running
 from checks import run_folder_snapshot as snapshot
 from conftest import FAST, REPO, check, fit_here, launch_cmd, metrics, run_here, run_script, summary
 from datafiles import undecodable_png, write_image_folder
@@ -108,9 +108,9 @@ def test_killed_launcher_leaves_no_worker_alive(tmp_path):
         proc.wait()
         t_kill = time.time()
         deadline = time.time() + 60  # liveness: they are gone within a second; a leak is forever
-        while time.time() < deadline and any(_alive(pid) for pid in workers):
+        while time.time() < deadline and any(running(pid) for pid in workers):
             time.sleep(0.1)
-        survivors = [pid for pid in workers if _alive(pid)]
+        survivors = [pid for pid in workers if running(pid)]
         for pid in survivors:  # never leave them behind, even when the test fails
             os.kill(pid, signal.SIGKILL)
         assert not survivors, f"workers outlived their launcher by {time.time() - t_kill:.0f} s"
@@ -119,17 +119,6 @@ def test_killed_launcher_leaves_no_worker_alive(tmp_path):
     stderr = proc.stderr.read()
     # the first rank to notice says why; its peer may instead see that rank's connection drop
     assert "the launcher (pid" in stderr and "is gone; exiting" in stderr, stderr[-3000:]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"  # a zombie has exited
-    except OSError:
-        return False
 
 
 def _fault_run(out: Path, spec: str, *args: str) -> subprocess.CompletedProcess:

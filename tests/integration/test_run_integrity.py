@@ -209,14 +209,22 @@ def test_keep_last_never_deletes_a_users_folder_inside_checkpoints(tmp_path):
 
 
 # ---- finding 5: --branch, then a kill before the next checkpoint ---------------------------------------------
-def test_branch_then_kill_leaves_nothing_of_the_abandoned_timeline_at_the_top(tmp_path):
-    run = tmp_path / "R"
-    check(run_here("train.py", *SMALL_RUN, "--output-dir", str(run), "--max-steps", "30", "--checkpoint-every",
-                   "10", "--no-checkpoint-epochs", "--keep-last", "5", "--eval-every", "10", "--plots"))  # fmt: skip
+def test_branch_then_kill_leaves_nothing_of_the_abandoned_timeline_at_the_top(tmp_path, monkeypatch):
+    """The branch's run hangs in its first step (hang_lenet, FAULT_CALL=1) and is SIGKILLed there: whenever the
+    kill lands, no step of the new timeline has been trained (a loaded machine once let step 11 through)."""
+    import fault_train  # noqa: F401  (registers hang_lenet, which without FAULT_CALL is LeNet)
+
+    monkeypatch.delenv("FAULT_CALL", raising=False)
+    run, hang = tmp_path / "R", [*SMALL_RUN, "--model", "hang_lenet"]
+    check(run_here("train.py", *hang, "--output-dir", str(run), "--max-steps", "30", "--checkpoint-every", "10",
+                   "--no-checkpoint-epochs", "--keep-last", "5", "--eval-every", "10", "--plots"))  # fmt: skip
     assert all((run / n).exists() for n in ("summary.json", "model", "confusion.json", "best", "curves.png"))
     old_summary = (run / "summary.json").read_bytes()
     branch = run / "checkpoints" / "step_00000010"
-    proc = _start(run, "--resume", str(branch), "--branch", "--extend", *NO_CHECKPOINT)
+    cmd = launch_cmd("tests/fault_train.py", *hang, "--output-dir", str(run), "--resume", str(branch), "--branch",
+                     "--extend", *NO_CHECKPOINT)  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, env=child_env({"FAULT_CALL": "1"}), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
     _kill_when(proc, lambda: any(e.get("event") == "resume" for e in _events(run)))
     top = sorted(p.name for p in run.iterdir())
     for stale in ("summary.json", "model", "confusion.json", "confusion.png", "curves.png"):

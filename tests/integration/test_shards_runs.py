@@ -13,7 +13,7 @@ import time
 
 import pytest
 import torch
-from checks import assert_one_line_error
+from checks import assert_one_line_error, running
 from conftest import (
     FAST,
     REPO,
@@ -47,7 +47,7 @@ def _age(root) -> None:
 
 def _gone(pids: list[int], timeout: float = 60) -> None:
     deadline = time.time() + timeout
-    while any(os.path.exists(f"/proc/{pid}") for pid in pids):
+    while any(running(pid) for pid in pids):
         assert time.time() < deadline, f"DataLoader workers {pids} outlived their killed run"
         time.sleep(0.1)
 

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import pytest
-from checks import assert_one_line_error
+from checks import assert_one_line_error, free_port
 from conftest import FAST, REPO, _env, check, max_abs_diff, metrics, run_script, weights
 
 SBATCH = "scripts/slurm/train.sbatch"
@@ -86,12 +86,6 @@ SLOW_STEP_S = "0.6"  # 100 steps >= 60 s: longer than Slurm lets the first attem
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 def _slurm_here() -> bool:
     return all(shutil.which(tool) for tool in ("slurmctld", "slurmd", "munged", "sbatch"))
 
@@ -121,10 +115,12 @@ def _install_slurm() -> str | None:
 def _slurm_conf(root: Path, ctld: str, nodes: list[str]) -> str:
     """One partition over ``nodes`` (``NodeName=...`` lines); ``%n`` keeps each slurmd's files apart."""
     names = ",".join(line.split()[0].removeprefix("NodeName=") for line in nodes)
+    ctld_port = free_port()
+    slurmd_port = next(p for p in iter(free_port, None) if p != ctld_port)
     return f"""ClusterName=accel{os.getpid()}
 SlurmctldHost={ctld}
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={root}/munge/socket,cred_expire=5

@@ -155,6 +155,7 @@ def test_doctor_accepts_accelerate_written_configs(generated):
 # --------------------------------------------------------------------------- the real wizard
 
 _HIDE_CURSOR = b"\x1b[?25l"  # BulletMenu hides the cursor right before it switches the tty to raw mode
+_SHOW_CURSOR = b"\x1b[?25h"  # ... and shows it again once a key chose
 
 
 class _Pty:
@@ -228,16 +229,14 @@ def answer_wizard(tmp_path: Path, out: Path, script: list[tuple[bytes, bytes, bo
         for i, (prompt, answer, menu) in enumerate(script):
             assert term.expect(prompt, 90 if i == 0 else 30), f"no prompt {prompt!r}; got:\n{term.seen[-2000:]!r}"
             if menu:
-                # tty.setraw() flushes typed-ahead input: answer once the menu waits for a key, and
-                # re-send if the next prompt does not come (the first key was flushed)
+                # tty.setraw() flushes typed-ahead input: answer once the menu waits for a key, and re-send
+                # only if the menu never closed (it shows the cursor again once it took the key). A key re-sent
+                # to a menu that was only slow would answer the next question: so wait long before that.
                 assert term.expect(_HIDE_CURSOR, 30)
                 time.sleep(0.2)
                 term.send(answer)
-                nxt = script[i + 1][0] if i + 1 < len(script) else b"configuration saved"
-                mark = term.pos
                 for _ in range(3):
-                    if term.expect(nxt, 5):
-                        term.pos = mark  # the loop's own expect() finds it again
+                    if term.expect(_SHOW_CURSOR, 20):
                         break
                     term.send(answer)
             else:
