@@ -77,8 +77,8 @@ def _run_split(weights: str, dataset: str) -> tuple[dict[str, Any], Path | None]
 
 
 def _same_folder(dataset: str, b: str | None) -> bool:
-    """Whether ``dataset`` (``imagefolder:a`` or ``shards:a``) and the recorded dataset ``b`` name the same folder
-    of the same kind (as seen from here)."""
+    """Whether ``dataset`` (``imagefolder:a``, ``shards:a``, ``hf:a``) and the recorded dataset ``b`` name the
+    same folder (or Hub name) of the same kind, as seen from here."""
     prefix, _, a = dataset.partition(":")
     if not b or not b.startswith(f"{prefix}:"):
         return False
@@ -135,8 +135,8 @@ def _eval_data(cfg: TrainConfig, weights: str, model_config: dict, given: bool, 
                 f"--val-split {val_split} is for imagefolder: (and hf:) data; {cfg.dataset} has a test split"
             )
         run, where = {}, None  # the data the weights trained on: the part their run held out, not the defaults'
-        if hub and val_split is None and (not given or cfg.dataset == model_config.get("dataset")):
-            run, where = _run_split(weights, cfg.dataset)
+        if hub and val_split is None and (not given or _same_folder(cfg.dataset, model_config.get("dataset"))):
+            run, where = _run_split(weights, model_config.get("dataset") or cfg.dataset)
         split, seed = (
             val_split or run.get("val_split", cfg.val_split),
             run.get("seed", cfg.seed) if seed is None else seed,

@@ -84,16 +84,18 @@ def test_shards_with_a_test_split_score_it_and_refuse_val_split(run, tmp_path):
     assert proc.returncode == 2 and "has its own test split" in proc.stderr and "drop --val-split" in proc.stderr
 
 
-def test_hub_data_without_a_test_split_scores_the_runs_held_out_rows(tmp_path):
-    """The same for ``hf:`` data without a test split: it held out the defaults' part, not the run's."""
+def test_hub_data_without_a_test_split_scores_the_runs_held_out_rows(tmp_path, monkeypatch):
+    """The same for ``hf:`` data without a test split: it held out the defaults' part, not the run's; also when
+    ``--dataset`` names the same data another way (a relative path)."""
     data = write_hf_disk(tmp_path / "hf", n=60, splits=False)
     out = tmp_path / "run"
     check(run_here("train.py", "--dataset", f"hf:{data}", *ARGS[:-2], "--batch-size", "8", "--max-steps", "6",
                    "--val-split", "0.5", "--seed", "3", *FAST, "--output-dir", str(out)))  # fmt: skip
-    report, line = _evaluate(out / "model")
-    assert line.endswith(
-        f"(where it has none: the part --val-split 0.5 --seed 3 holds out, from {out / 'config.yaml'})"
-    )
     done = summary(out)
-    assert report["samples"] == done["eval_samples"] == 30
-    assert report["accuracy"] == pytest.approx(done["eval_accuracy"], abs=1e-9)
+    monkeypatch.chdir(tmp_path)
+    for args in ([], ["--dataset", "hf:hf"]):
+        report, line = _evaluate(out / "model", *args)
+        held = f"(where it has none: the part --val-split 0.5 --seed 3 holds out, from {out / 'config.yaml'})"
+        assert line.endswith(held), line
+        assert report["samples"] == done["eval_samples"] == 30
+        assert report["accuracy"] == pytest.approx(done["eval_accuracy"], abs=1e-9)
