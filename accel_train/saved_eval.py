@@ -132,7 +132,7 @@ def _eval_data(cfg: TrainConfig, weights: str, model_config: dict, given: bool, 
         hub = cfg.dataset.startswith("hf:")
         if val_split is not None and not (hub and val_split > 0):
             raise UserError(
-                f"--val-split {val_split} is for imagefolder: (and hf:) data; {cfg.dataset} has a test split"
+                f"--val-split {val_split} is for imagefolder:, shards: (and hf:) data; {cfg.dataset} has a test split"
             )
         run, where = {}, None  # the data the weights trained on: the part their run held out, not the defaults'
         if hub and val_split is None and (not given or _same_folder(cfg.dataset, model_config.get("dataset"))):
