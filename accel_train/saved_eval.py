@@ -41,7 +41,15 @@ def _load_weights(weights: str):
 
 
 def _eval_config(weights: str, dataset: str | None, data_dir: str, model_config: dict, **settings: Any) -> TrainConfig:
-    dataset = dataset or model_config.get("dataset")
+    if dataset is None and model_config.get("dataset"):
+        dataset = model_config["dataset"]
+        kind, _, path = dataset.partition(":")
+        where = Path(path).expanduser()
+        if kind in ("imagefolder", "shards") and not where.is_absolute() and not where.exists():
+            raise UserError(
+                f"{weights} records its dataset as {dataset!r}, a path relative to the folder it trained in; run "
+                f"eval.py from there, or pass --dataset {kind}:<its path from here>"
+            )
     if not dataset:
         raise UserError(f"{weights} does not record its dataset; pass --dataset NAME")
     return replace(
@@ -114,14 +122,22 @@ def _folder_split(cfg: TrainConfig, weights: str, recorded: str | None, given: b
     run, where = _run_split(weights, recorded) if trained_here and recorded else ({}, None)
     split = run.get("val_split", cfg.val_split) if val_split is None else val_split
     data = replace(cfg.data_config(), val_split=split, seed=run.get("seed", cfg.seed) if seed is None else seed)
-    if val_split is not None:
-        return True, data, ", as asked"
+    if val_split is not None or seed is not None:
+        return True, data, ", as asked" + _overlap(run, data)
     source = (
         f"values from {where}"
         if where
         else "train.py's defaults: pass the run's --val-split and --seed if it used others"
     )
     return True, data, f"; the weights trained on the rest ({source}; --val-split 0 scores every image)"
+
+
+def _overlap(run: dict[str, Any], data) -> str:
+    """What a part asked for with other values than the run's (``run``: its recorded split) holds."""
+    if run and (run["val_split"], run["seed"]) != (data.val_split, data.seed):
+        held = f"--val-split {run['val_split']} --seed {run['seed']}"
+        return f" (the run held out {held}: some of these images trained the weights)"
+    return ""
 
 
 def _eval_data(cfg: TrainConfig, weights: str, model_config: dict, given: bool, val_split, seed):
@@ -135,17 +151,17 @@ def _eval_data(cfg: TrainConfig, weights: str, model_config: dict, given: bool, 
                 f"--val-split {val_split} is for imagefolder:, shards: (and hf:) data; {cfg.dataset} has a test split"
             )
         run, where = {}, None  # the data the weights trained on: the part their run held out, not the defaults'
-        if hub and val_split is None and (not given or _same_folder(cfg.dataset, model_config.get("dataset"))):
+        if hub and (not given or _same_folder(cfg.dataset, model_config.get("dataset"))):
             run, where = _run_split(weights, model_config.get("dataset") or cfg.dataset)
-        split, seed = (
-            val_split or run.get("val_split", cfg.val_split),
-            run.get("seed", cfg.seed) if seed is None else seed,
+        asked = val_split is not None or seed is not None
+        data = replace(
+            cfg.data_config(),
+            val_split=val_split or run.get("val_split", cfg.val_split),
+            seed=run.get("seed", cfg.seed) if seed is None else seed,
         )
-        data = replace(cfg.data_config(), val_split=split, seed=seed)
         splits = build_dataset(data, test_only=True, download_hint=FETCH_HINT)
-        held = f"the part --val-split {data.val_split} --seed {data.seed} holds out" + (
-            f", from {where}" if where else ""
-        )
+        held = f"the part --val-split {data.val_split} --seed {data.seed} holds out"
+        held += ", as asked" + _overlap(run, data) if asked else f", from {where}" if where else ""
         splits.extra["evaluated"] = f"the test split of {cfg.dataset}" + (
             f" (where it has none: {held})" if hub else ""
         )

@@ -51,6 +51,14 @@ def test_the_shards_the_weights_trained_on_score_the_runs_held_out_rows(run):
         # the very rows the run evaluated, so the very numbers
         assert report["samples"] == done["eval_samples"] == 48
         assert report["accuracy"] == pytest.approx(done["eval_accuracy"], abs=1e-9)
+    # another seed (or split) is a part as asked, and says that the weights trained on some of it
+    _, line = _evaluate(out / "model", "--seed", "6")
+    assert line.endswith(
+        "that --val-split 0.5 --seed 6 holds out, as asked (the run held out --val-split 0.5 --seed 3: some of "
+        "these images trained the weights)"
+    )
+    _, line = _evaluate(out / "model", "--seed", "3")  # the run's own values: no such note
+    assert line.endswith("that --val-split 0.5 --seed 3 holds out, as asked")
     report, line = _evaluate(out / "model", "--dataset", f"shards:{data}", "--val-split", "0")
     assert report["samples"] == 96 and line.endswith(f"every row in {data} (96, no train/ and test/ split of its own)")
 
@@ -99,3 +107,19 @@ def test_hub_data_without_a_test_split_scores_the_runs_held_out_rows(tmp_path, m
         assert line.endswith(held), line
         assert report["samples"] == done["eval_samples"] == 30
         assert report["accuracy"] == pytest.approx(done["eval_accuracy"], abs=1e-9)
+
+
+def test_a_relative_recorded_path_from_elsewhere_is_one_line_naming_it(run, tmp_path, monkeypatch):
+    """Weights record their data as typed: ``shards:flat`` is relative to where the run trained. From another
+    folder the line says so (it said "check --dataset", a flag the user never gave)."""
+    out, data = run
+    monkeypatch.chdir(data.parent)
+    relative = tmp_path / "relative"
+    check(run_here("train.py", "--dataset", "shards:flat", *ARGS, *FAST, "--output-dir", str(relative)))
+    monkeypatch.chdir(tmp_path)
+    proc = run_here("eval.py", "--weights", str(relative / "model"))
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {relative / 'model'} records its dataset as 'shards:flat', a path relative to the folder it "
+        "trained in; run eval.py from there, or pass --dataset shards:<its path from here>"
+    ]
