@@ -190,7 +190,7 @@ def write_text_atomic(path: str | os.PathLike, text: str, what: str = "file") ->
     """``text`` into ``path``, synced, then renamed into place: a kill or a full disk leaves the old file whole."""
 
     def dump(tmp: str) -> None:
-        with open(tmp, "w") as fh:
+        with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from accel_train.errors import UserError
-from accel_train.fsio import WRITE_GUARD, atomic_write, real_path, remove_temporaries, writing
+from accel_train.fsio import WRITE_GUARD, real_path, remove_temporaries, write_text_atomic, writing
 from accel_train.limits import file_kind
 from accel_train.run_lock import LOCK, RunLock, pid_alive
 
@@ -394,5 +394,5 @@ class RunDir:
             os.replace(log, dest / METRICS)
         elif log.is_file():
             shutil.copy2(log, dest / METRICS)  # the abandoned timeline's full log
-            atomic_write(log, lambda tmp: Path(tmp).write_text(keep_log), "the metrics log")
+            write_text_atomic(log, keep_log, "the metrics log")
         return dest

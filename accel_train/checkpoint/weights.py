@@ -34,7 +34,7 @@ from accel_train.checkpoint.sources import (
     read_state_dict,
 )
 from accel_train.errors import CheckpointError, UserError
-from accel_train.fsio import atomic_write
+from accel_train.fsio import atomic_write, write_text_atomic
 
 __all__ = [
     "WRAPPER_PREFIXES",
@@ -428,7 +428,7 @@ def export_weights(
     atomic_write(weights, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}), "weights")
     config_path = out / "config.json"
     if config_text is not None:
-        atomic_write(config_path, lambda tmp: Path(tmp).write_text(config_text, encoding="utf-8"), "weights config")
+        write_text_atomic(config_path, config_text, "weights config")
     elif config_path.exists():
         config_path.unlink()
     return weights
