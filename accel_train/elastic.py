@@ -246,6 +246,62 @@ def exit_code_of(exc: BaseException) -> int:
     return 1
 
 
+_LEFT_KEY = "accel_train/agent-left/"  # + group rank: that machine's launcher is done with the rendezvous store
+
+
+def leave_store_together(store, group_rank: int, group_world_size: int, timeout_s: float = 30.0) -> None:
+    """The end of a launch over several machines, after torch elastic's exit barrier: the other machines' launchers
+    say they are done with the rendezvous store, and machine 0's launcher, the one whose process holds that store
+    (static rendezvous), waits for them before it exits.
+
+    Without this, machine 0's launcher could arrive last at the exit barrier, pass it and exit, closing the store
+    while another launcher was between the barrier's two requests: that one logged "Error waiting on exit barrier"
+    and a DistNetworkError traceback after a run that had finished (pytorch/pytorch#69520; seen under Slurm). Best
+    effort: a machine whose launcher never says so (it died) costs machine 0 ``timeout_s``; a store already gone
+    is nothing to report."""
+    from datetime import timedelta
+
+    if group_world_size <= 1:
+        return
+    before = store.timeout
+    try:
+        store.set_timeout(timedelta(seconds=timeout_s))
+        if group_rank == 0:
+            store.wait([f"{_LEFT_KEY}{r}" for r in range(1, group_world_size)])
+        else:
+            store.set(f"{_LEFT_KEY}{group_rank}", "1")
+    except Exception:  # noqa: BLE001 - a peer or the store gone: the run's outcome is already decided
+        return
+    with contextlib.suppress(Exception):
+        store.set_timeout(before)
+
+
+def leave_store_together_after_exit_barrier() -> bool:
+    """Make torch elastic's launcher (``SimpleElasticAgent``) call :func:`leave_store_together` right after its exit
+    barrier, in this process (``accel_train.commands.launch`` runs the launch in-process). Only for the static
+    rendezvous (``--rdzv_backend static``, accelerate's default), where machine 0's launcher holds the store. False
+    where this torch has no such barrier."""
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+
+    barrier = getattr(SimpleElasticAgent, "_exit_barrier", None)
+    if barrier is None:
+        return False
+    if getattr(barrier, "leaves_together", False):
+        return True
+
+    def exit_barrier(agent) -> None:
+        barrier(agent)
+        group, store = getattr(agent, "_worker_group", None), getattr(agent, "_store", None)
+        with contextlib.suppress(Exception):
+            static = agent._rdzv_handler.get_backend() == "static"  # machine 0's launcher holds the store
+            if static and group is not None and store is not None:
+                leave_store_together(store, group.group_rank, group.group_world_size)
+
+    exit_barrier.leaves_together = True
+    SimpleElasticAgent._exit_barrier = exit_barrier
+    return True
+
+
 def stop_when_parent_goes(poll_s: float = 0.5) -> None:
     """SIGTERM this launcher once its parent (``accelerate launch``) is gone.
 

@@ -14,7 +14,9 @@ The config file (``--config_file``, else accelerate's default one if it exists) 
 checks it (``doctor.diagnose.check_config_file``): a missing file, one that is not a mapping (a YAML list), an
 unknown ``distributed_type`` or key, an unquoted ``NO``, ... end with one line and exit code 2 instead of
 accelerate's traceback. Any other failure keeps its traceback. ``accel_train.elastic.launch_argv`` knows this
-command line as an ``accelerate launch``.
+command line as an ``accelerate launch``. Over several machines, machine 0's launcher waits at the end until the
+others are done with its rendezvous store (``elastic.leave_store_together``): torch elastic alone could close it
+under them and print a traceback after a finished run (pytorch/pytorch#69520).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from accel_train.elastic import exit_code_of
+    from accel_train.elastic import exit_code_of, leave_store_together_after_exit_barrier
 
     args = launch_command_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
@@ -74,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         print(f"error: {' '.join(str(exc).splitlines())}", file=sys.stderr, flush=True)
         return exc.exit_code
+    leave_store_together_after_exit_barrier()  # several machines: no traceback from torch elastic at the end
     with _error_file() as posted:
         try:
             launch_command(args)
