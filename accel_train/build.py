@@ -91,7 +91,10 @@ def build_trainer(
     _announce(cfg, rt, splits, f"{plan.describe()}; lr {lr:g}; {total_steps} steps ({steps_per_epoch}/epoch){resumed}")
     if picked:
         rt.print(f"accel_train: {picked.describe(cfg.epochs, steps_per_epoch)}")
-    logger = RunLogger(acc, run_dir.metrics, total_steps, state.global_step, cfg.progress, cfg.report_to != "none")
+    eval_lines_every = cfg.log_every if cfg.eval_every == 0 else 1  # evaluations asked for by steps: every line
+    logger = RunLogger(
+        acc, run_dir.metrics, total_steps, state.global_step, cfg.progress, cfg.report_to != "none", eval_lines_every
+    )
     window = Window(acc.device)
     window.restore(state.extra.get("log_window"), acc.is_main_process)
     if resume_path is not None:

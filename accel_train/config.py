@@ -142,7 +142,11 @@ class TrainConfig:
     )
     tta: str = _f("none", "test-time augmentation: flip averages each image's and its mirror's logits", choices=TTA)
     log_every: int = _f(
-        10, "log train metrics every N optimizer steps (the only host syncs in the loop)", low=1, resume=SAFE
+        10,
+        "log train metrics every N optimizer steps (the only host syncs in the loop); epochs shorter than N steps "
+        "show one [eval] line per N steps on the console (metrics.jsonl: every evaluation)",
+        low=1,
+        resume=SAFE,
     )
     output_dir: str = _f("runs/default", "run directory", resume=ATTEMPT)
     overwrite: bool = _f(False, "replace an existing run in --output-dir", resume=ATTEMPT)

@@ -254,9 +254,21 @@ class RunLogger:
     """metrics.jsonl + trackers + progress bar / plain lines, main process only."""
 
     def __init__(
-        self, accelerator, metrics: str | Path, total_steps: int, start_step: int, progress: bool, use_trackers: bool
+        self,
+        accelerator,
+        metrics: str | Path,
+        total_steps: int,
+        start_step: int,
+        progress: bool,
+        use_trackers: bool,
+        eval_lines_every: int = 1,
     ):
         self.accelerator = accelerator
+        # epochs of a few steps (a small folder) evaluate every few steps: the console shows one [eval] line per
+        # ``eval_lines_every`` steps (and the last one); metrics.jsonl and the trackers get every evaluation
+        self.eval_lines_every, self.total_steps = eval_lines_every, total_steps
+        self._last_eval_line: int | None = None
+        self._said_eval_lines = False
         self.is_main = accelerator.is_main_process
         self.path = Path(metrics)  # the run folder's metrics.jsonl (``run_dir.METRICS``)
         self.use_trackers = use_trackers
@@ -304,8 +316,23 @@ class RunLogger:
                 samples_s=f"{values['samples_per_s']:.0f}",
                 refresh=False,
             )
-        elif self.plain_lines or event != "train":
+        elif event == "train" and self.plain_lines or event != "train" and self._eval_line_due(step):
             self.write(_format_line(event, step, epoch, values))
+
+    def _eval_line_due(self, step: int) -> bool:
+        last = self._last_eval_line
+        every = self.eval_lines_every  # at most one line per block of that many steps: beside its [train] line
+        if last is not None and step // every == last // every and step < self.total_steps:
+            if not self._said_eval_lines:
+                self._said_eval_lines = True
+                self.write(
+                    f"accel_train: an evaluation every {step - last} step(s) (each epoch); the console shows one "
+                    f"[eval] line per {every} steps (--log-every) and the last, metrics.jsonl "
+                    "every evaluation"
+                )
+            return False
+        self._last_eval_line = step
+        return True
 
     def advance(self, steps: int = 1) -> None:
         if self.bar is not None:
