@@ -96,8 +96,8 @@ def peer_lost(exc: BaseException | None, rank: int, world_size: int) -> PeerLost
             who = f"rank {1 - rank}" if world_size == 2 else f"one of its other {world_size - 1} processes"
             return PeerLostError(
                 f"another process of this run ({who}) died or lost its connection ({sign}), so this one stopped "
-                "too; the checkpoints saved so far are kept: run the same command again with --resume auto to "
-                "continue from the last one"
+                "too; the checkpoints saved so far are kept: fix what that process's own error line names, if it "
+                "printed one (an unreadable input fails again), then run the same command with --resume auto"
             )
         err = err.__cause__ or err.__context__
     return None
