@@ -97,6 +97,7 @@ def test_peer_lost_is_recognised_only_for_a_collective_of_several_processes():
     assert isinstance(lost, PeerLostError) and lost.exit_code == 4
     assert "(rank 1) died or lost its connection (Connection reset by peer)" in str(lost)
     assert "--resume auto" in str(lost) and "\n" not in str(lost)
+    assert "fix what that process's own error line names" in str(lost)  # a bad input fails the resume again
     assert "one of its other 3 processes" in str(peer_lost(RuntimeError(GLOO_RESET), rank=2, world_size=4))
     assert peer_lost(RuntimeError(GLOO_RESET), rank=0, world_size=1) is None  # one process: no peer to lose
     assert peer_lost(RuntimeError("shape mismatch"), rank=0, world_size=2) is None  # a bug keeps its traceback
