@@ -316,7 +316,7 @@ class RunLogger:
                 samples_s=f"{values['samples_per_s']:.0f}",
                 refresh=False,
             )
-        elif event == "train" and self.plain_lines or event != "train" and self._eval_line_due(step):
+        elif (event == "train" and self.plain_lines) or (event != "train" and self._eval_line_due(step)):
             self.write(_format_line(event, step, epoch, values))
 
     def _eval_line_due(self, step: int) -> bool:
