@@ -29,7 +29,8 @@ def _two_launchers(fix: bool) -> list[subprocess.CompletedProcess]:
         )
         for rank in (0, 1)
     ]
-    return [subprocess.CompletedProcess(p.args, p.wait(timeout=120), *p.communicate()) for p in procs]
+    outputs = [p.communicate(timeout=120) for p in procs]  # read while they run: a full pipe never blocks them
+    return [subprocess.CompletedProcess(p.args, p.returncode, *out) for p, out in zip(procs, outputs, strict=True)]
 
 
 @pytest.mark.parametrize("fix", [False, True], ids=["torch-alone", "accel_train"])
