@@ -39,7 +39,7 @@ from accel_train.optim import GradClipper, build_optimizer, build_scheduler, dir
 from accel_train.plan_warnings import warn_about_run
 from accel_train.preprocess import describe_training_images
 from accel_train.resume import check_extension
-from accel_train.run_dir import ABANDONED, CONFIG, RunDir
+from accel_train.run_dir import ABANDONED, CONFIG, DATA_FILES, RunDir
 from accel_train.runtime import Runtime, bf16_cpu_note, check_fsdp_batchnorm, configure_backends
 from accel_train.sync_bn import apply_sync_bn
 from accel_train.tracking import RunLogger, tracker_names
@@ -66,6 +66,7 @@ def build_trainer(
     with acc.main_process_first():  # downloads and caches happen once
         splits = given.get("splits") or build_dataset(cfg.data_config())  # given: accel_train.train's data
     check_same_data(acc, splits)
+    ident = _check_resumed_data(cfg, rt, splits, run_dir, resume_path)  # before any model: its shape follows the data
     device_batch = None if cfg.max_device_batch == AUTO else cfg.max_device_batch  # auto: probed in _prepare
     plan = plan_batches(acc.num_processes, cfg.batch_size, cfg.grad_accum_steps, cfg.global_batch_size, device_batch)
     lr = cfg.lr * plan.global_batch / cfg.batch_size if cfg.scale_lr else cfg.lr
@@ -84,9 +85,11 @@ def build_trainer(
     resolved = _resolved(acc, plan, lr, total_steps, steps_per_epoch, chosen)
     resolved["augment"] = splits.extra.get("augment")  # the description: random_crop(...)+hflip, or None
     resolved["defaults"] = picked.record(cfg.epochs) if picked else _saved_defaults(resume_path)  # what, and why
+    resolved["data"] = ident.record() if ident is not None else None  # what it trains on (data.identity)
     meta = {"model_config": _model_config(cfg, splits, pre), "config": cfg.to_dict(), "resolved": resolved}
+    meta["model_config"]["data"] = resolved["data"]  # eval.py says when the data it scores differs
     state = _resume(cfg, rt, resume_path, scheduler, plan, total_steps, feats) if resume_path else TrainState()
-    _open_run_folder(cfg, rt, run_dir, resume_path, resolved)
+    _open_run_folder(cfg, rt, run_dir, resume_path, resolved, ident)
     resumed = f"; resumed from {resume_path} at step {state.global_step}" if resume_path else ""
     _announce(cfg, rt, splits, f"{plan.describe()}; lr {lr:g}; {total_steps} steps ({steps_per_epoch}/epoch){resumed}")
     if picked:
@@ -243,20 +246,59 @@ def _freeze(cfg: TrainConfig, rt: Runtime, model, pre: PretrainedInfo | None) ->
 
 
 def check_same_data(acc, splits: DataSplits) -> None:
-    """Every process must index the same files (``extra["index_digest"]``): a folder that differs between two
-    machines would otherwise train each rank on other data, silently."""
-    digest = splits.extra.get("index_digest")
-    if digest is None or acc.num_processes == 1:
+    """Every process must index the same files (``extra["index_digest"]``) and read the same shape from them
+    (channels, size, classes, mean/std): a folder that differs between two machines, or a cache that did, would
+    otherwise train each rank on other data, or fail inside DDP with a parameter-shape traceback."""
+    if acc.num_processes == 1:
         return
     from accelerate.utils import gather_object
 
-    digests = gather_object([digest])
-    others = [rank for rank, d in enumerate(digests) if d != digests[0]]
-    if others:
+    info = splits.info
+    shape = (info.num_classes, info.in_channels, info.image_size, list(info.class_names), info.mean, info.std)
+    mine = (splits.extra.get("index_digest"), repr(shape))
+    seen = gather_object([mine])
+    others = [rank for rank, d in enumerate(seen) if d != seen[0]]
+    if not others:
+        return
+    if seen[others[0]][0] != seen[0][0]:
         raise UserError(
-            f"{splits.info.name}: process(es) {', '.join(map(str, others))} see other files than process 0 "
-            f"(index {digests[others[0]]} vs {digests[0]}); give every machine the same copy of the data"
+            f"{info.name}: process(es) {', '.join(map(str, others))} see other files than process 0 "
+            f"(index {seen[others[0]][0]} vs {seen[0][0]}); give every machine the same copy of the data"
         )
+    raise UserError(
+        f"{info.name}: process(es) {', '.join(map(str, others))} read other images than process 0 from the same "
+        f"file list ((classes, channels, size, names, mean, std) {seen[others[0]][1][:120]} vs {seen[0][1][:120]}): "
+        "a file differs in content between the machines; give every machine the same copy of the data"
+    )
+
+
+def _check_resumed_data(cfg: TrainConfig, rt: Runtime, splits: DataSplits, run_dir: RunDir, resume_path):
+    """The data's identity (data.identity); a resume on other data than its checkpoint's is refused in one line
+    (process 0 compares: machines' copies may differ in modification times alone), or with
+    --resume-changed-data said and accepted."""
+    from accel_train.data.identity import load_files, of_splits
+    from accel_train.resume import data_change, data_refusal
+
+    ident = of_splits(splits)
+    if resume_path is None or ident is None:
+        return ident
+    change = None
+    if rt.is_main:
+        progress = read_progress(resume_path)
+        recorded = (progress.get("resolved") or {}).get("data") or {}
+        files = load_files(run_dir / DATA_FILES, recorded.get("digest", "")) if recorded else None
+        change = data_change(progress, ident, files)
+    if rt.accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        change = gather_object([change])[0]
+    if change is None:
+        return ident
+    step = read_progress(resume_path)["state"]["global_step"]
+    if not cfg.resume_changed_data:
+        raise UserError(data_refusal(cfg.dataset, step, change))
+    rt.warn(f"resume is not exact: --resume-changed-data: the data changed since step {step}: {change}")
+    return ident
 
 
 def _prepare(
@@ -379,7 +421,7 @@ def _resume(
 
 
 def _open_run_folder(
-    cfg: TrainConfig, rt: Runtime, run_dir: RunDir, resume_path: Path | None, resolved: dict[str, Any]
+    cfg: TrainConfig, rt: Runtime, run_dir: RunDir, resume_path: Path | None, resolved: dict[str, Any], ident=None
 ) -> None:
     """Create, lock and (with --overwrite) stage the folder, branch if asked, write config.yaml (collective)."""
     acc = rt.accelerator
@@ -393,6 +435,9 @@ def _open_run_folder(
     if rt.is_main:
         with writing(run_dir / CONFIG, "the run config"):
             save_config(cfg, run_dir / CONFIG, extra=resolved)
+        if ident is not None:  # the file list a later resume names its changes by
+            with writing(run_dir / DATA_FILES, "the data's file list"):
+                ident.save_files(run_dir / DATA_FILES)
     if cfg.report_to != "none":
         # No config= here: TensorBoard's add_hparams writes a second, timestamped run into tb/ on every attempt,
         # so TensorBoard would show one run as two. The config goes in as text, into the run itself.

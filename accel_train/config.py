@@ -177,11 +177,10 @@ class TrainConfig:
         "with --resume: allow a larger --epochs/--max-steps (the LR schedule is re-planned for the new length)",
         resume=ATTEMPT,
     )
-    resume_inexact: bool = _f(
-        False,
-        "resume even if a rank's random state is missing or unusable (that rank starts from a fresh seed)",
-        resume=ATTEMPT,
-    )
+    resume_inexact: bool = _f(False, "resume even if a rank's random state is missing or unusable (that rank "
+                              "starts from a fresh seed)", resume=ATTEMPT)  # fmt: skip
+    resume_changed_data: bool = _f(False, "with --resume: go on although the data changed (named at the start; "
+                                   "not exact: order, split, length follow the data now)", resume=ATTEMPT)  # fmt: skip
     stop_at_step: int | None = _f(
         None, "save a checkpoint and exit at this step, as if preempted", low=1, resume=ATTEMPT
     )
@@ -189,9 +188,7 @@ class TrainConfig:
     num_workers: int = _f(0, "DataLoader workers for datasets that are not held in memory", low=0, resume=SAFE)
     threads: int | None = _f(None, "torch threads per process (default: cores / local processes)", low=1, resume=SAFE)
     channels_last: bool | None = _f(
-        None,
-        "channels_last memory format (default: on for conv models under bf16/fp16 on CUDA)",
-        resume=SAFE,
+        None, "channels_last memory format (default: on for conv models under bf16/fp16 on CUDA)", resume=SAFE
     )
     tf32: bool = _f(True, "TF32 for fp32 matmuls and convolutions on Ampere+ GPUs (--no-tf32: full fp32)", resume=SAFE)
     data_on_device: float = _f(

@@ -4,7 +4,7 @@
 ``--resume`` are sorted into three kinds:
 
 * **per attempt** (how this attempt runs, never restored): ``--resume``, ``--output-dir``,
-  ``--stop-at-step``, ``--branch``, ``--resume-inexact``, ``--extend``, ``--debug``;
+  ``--stop-at-step``, ``--branch``, ``--resume-inexact``, ``--resume-changed-data``, ``--extend``, ``--debug``;
 * **safe** (they change how a run is watched, saved or computed, not what it learns): logging,
   evaluation and checkpoint cadence, trackers, threads, data workers, the data folder, the
   process-group timeout, precision, ``--compile``, ``--channels-last``, ``--sync-bn``, early stopping
@@ -19,6 +19,11 @@ An extended run keeps its schedule's shape *as if it had been planned for the ne
 the start*: the LR is a pure function of (step, total steps), so after 352 of a planned 352 cosine
 steps an extension to 440 continues from the cosine's value at 352/440 (about 9.5% of the peak),
 never at an LR of 0.
+
+**The data.** A run records what it trains on (``data.identity``: a folder's files, shards, an ``hf:`` fingerprint)
+in its config.yaml and every checkpoint; :func:`data_change` compares it with the data as it is now. A resume on
+other data is refused in one line that says what changed, unless ``--resume-changed-data`` accepts it (then the
+resume says it is not exact).
 """
 
 from __future__ import annotations
@@ -125,4 +130,24 @@ def finished_note(run_folder: str | os.PathLike, done_steps: int, planned_steps:
     return (
         f"accel_train: the run in {run_folder} already finished ({done_steps} of {planned_steps} steps; see its "
         f"{SUMMARY}); nothing to do. To train it longer pass --extend with a larger --epochs or --max-steps"
+    )
+
+
+def data_change(progress: dict[str, Any], ident, files: Any = None) -> str | None:
+    """What changed in the data since the checkpoint whose ``progress`` is given, in words (None: nothing, or the
+    checkpoint predates the record). ``ident``: the data's identity now; ``files``: the run's recorded file lists."""
+    from accel_train.data.identity import changes
+
+    resolved = progress.get("resolved")
+    recorded = resolved.get("data") if isinstance(resolved, dict) else None
+    if ident is None or not isinstance(recorded, dict):
+        return None
+    return changes(recorded, ident, files)
+
+
+def data_refusal(dataset: str, step: int, change: str) -> str:
+    return (
+        f"--resume: {dataset} is not the data the checkpoint at step {step} trained on: {change}; restore the data "
+        "as it was and resume again, or start a new run (another --output-dir, or --overwrite); "
+        "--resume-changed-data goes on with the data as it is now (not an exact resume)"
     )

@@ -53,6 +53,7 @@ RESTORING = ".restoring"  # the failed new run being removed, before the previou
 RETURNING = ".returning"  # the previous run moving back from .replaced/
 ABANDONED = "abandoned"
 CONFIG = "config.yaml"
+DATA_FILES = "data_files.npz"  # the file list of the data the run trains on (data.identity), for a resume's diff
 CHECKPOINT_DIR = "checkpoints"
 TMP_PREFIX = ".tmp-"  # a checkpoint being saved: checkpoints/.tmp-step_XXXXXXXX, renamed into place when complete
 #: The only folder names a run gives its checkpoints (``step_`` + 8 digits, and the ``.tmp-`` form while a save
@@ -75,6 +76,7 @@ TRACKER_FOLDERS = (MLRUNS, "aim", "dvclive")  # trackers that keep local files i
 OUTPUTS = (
     MARKER,
     CONFIG,
+    DATA_FILES,
     METRICS,
     METRICS_CSV,
     SUMMARY,

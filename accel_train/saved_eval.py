@@ -219,6 +219,10 @@ def run_evaluation(
     acc = rt.accelerator
     with acc.main_process_first():
         splits = _eval_data(cfg, weights, model_config, given, val_split, seed)
+    trained_here = not given or _same_folder(dataset, model_config.get("dataset"))
+    changed = _data_change(model_config, splits, trained_here, weights)
+    if changed and rt.is_main:
+        rt.print(f"accel_train: note: {dataset} is not the data the weights recorded: {changed}")
     metric = load_metric("accuracy")  # writes nothing, on no rank: see accel_train.metrics
     info = splits.info
     if info.num_classes != model_config["num_classes"] or info.in_channels != model_config["in_channels"]:
@@ -233,6 +237,7 @@ def run_evaluation(
     result = evaluate_model(acc, model, loader, BatchNormalizer(mean, std), metric, info.num_classes, True, tta=tta)
     names = model_config.get("class_names") or info.class_names
     report = _report(weights, dataset, splits.extra["evaluated"], result, names, acc, tta)
+    report["data_changed"] = changed
     if rt.is_main:
         hint = f"{weights} may hold NaN/Inf weights (a diverged run); evaluate another checkpoint"
         report = finite(report, "the evaluation report", hint)
@@ -245,6 +250,28 @@ def run_evaluation(
             plot_confusion_matrix(result["confusion"].numpy(), names, confusion_png, title=f"{dataset}")
     rt.end()
     return report if rt.is_main else None
+
+
+def _data_change(model_config: dict, splits, trained_here: bool, weights: str) -> str | None:
+    """How the data scored now differs from what the weights recorded of it (their run's data.identity), for the
+    parts both know, by file where their run folder kept its file list; None when it is the same, other data, or
+    the weights record none."""
+    from accel_train.data.identity import changes, load_files, of_splits
+    from accel_train.run_dir import DATA_FILES
+
+    recorded, now = model_config.get("data"), of_splits(splits)
+    if not trained_here or not isinstance(recorded, dict) or now is None or not isinstance(recorded.get("parts"), dict):
+        return None
+    kept = {"test"} if now.kind == "tensors" else {"train", "test"}  # built-in data: only its test split is loaded
+    parts = tuple(sorted(set(recorded["parts"]) & set(now.parts) & kept))
+    if not parts:
+        return None
+    here = Path(weights).expanduser().absolute()
+    here = here if here.is_dir() else here.parent
+    lists = (
+        load_files(folder / DATA_FILES, str(recorded.get("digest"))) for folder in (here.parent, here.parent.parent)
+    )
+    return changes(recorded, now, next((f for f in lists if f), None), parts=parts)
 
 
 def _report(weights: str, dataset: str, evaluated: str, result: dict, names: list, acc, tta: str) -> dict[str, Any]:

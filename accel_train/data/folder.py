@@ -3,12 +3,16 @@
 Layouts: ``<path>/<class>/<image>`` (training holds out ``cfg.val_split`` of it, chosen
 deterministically by ``cfg.seed`` and stratified by class; ``accel-evaluate`` scores every
 image, see :func:`build_imagefolder_eval`) or ``<path>/train/<class>/...`` plus
-``<path>/test/<class>/...`` (``val``/``validation`` are accepted for ``test``; a test folder
-alone can be evaluated, not trained on). The files are indexed once with ``os.scandir`` and the index is cached
-(``folder_index``): a million files start training in seconds, and a resume reads the index instead of listing them
-again. Images are decoded lazily, a batch per ``__getitems__`` (in the DataLoader workers when there are some). A
-folder of up to :data:`FULL_CHECK_MAX` images has every image opened before training (the unreadable ones named
-with a count); a larger one reads a sample of headers, and a bad image is named when it is first read.
+``<path>/test/<class>/...`` (``val``, ``valid`` and ``validation`` are accepted for ``test``; a test folder
+alone can be evaluated, not trained on). Class folders beside such a split folder (``<path>/<class>/`` and
+``<path>/test/<class>/``, no ``train/``) are the training split: a split folder's name is never a class. The files
+are listed with ``os.scandir`` at every launch (``folder_index``; seconds for a million files) and what was read
+from the images (sizes, modes, mean/std) is cached keyed by that list: a resume or another rank opens no image
+again, and a changed file is never read as the old one. Files that are not images by their extension are counted
+and named in one line, never dropped silently. Images are decoded lazily, a batch per ``__getitems__`` (in the
+DataLoader workers when there are some). A folder of up to :data:`FULL_CHECK_MAX` images has every image opened
+before training (the unreadable ones named with a count); a larger one reads a sample of headers, and a bad image
+is named when it is first read.
 
 Also home of what ``hf.py`` shares: :class:`LazyImageDataset` (a ``datasets.Dataset`` decoded lazily), the
 size and statistics helpers; the pixel conversions live in ``pixels.py`` (re-exported here).
@@ -26,9 +30,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from accel_train.data import index_cache
 from accel_train.data.augment import Augmented, CropFlip, KeyedAugment, crop_flip
 from accel_train.data.base import DataConfig, DatasetInfo, DataSplits, stratified_split
 from accel_train.data.folder_index import FileImageDataset, FolderIndex, index_folder
+from accel_train.data.identity import folder_identity
 from accel_train.data.images import DECODE_ERRORS, channels_for, check_images, mixed_modes_note
 from accel_train.data.pixels import (  # noqa: F401  (re-exported: hf.py, api.py, preprocess.py import them here)
     GRAY_MODES,
@@ -43,7 +49,7 @@ DEFAULT_IMAGE_SIZE = 64  # used when the images differ in size and cfg.image_siz
 SIZE_SAMPLE = 1000  # images whose header is read to decide whether all share one size
 STATS_SAMPLE = 64  # images decoded to estimate mean/std
 FULL_CHECK_MAX = 20_000  # up to this many images, each is opened and read whole before training (a few seconds)
-TEST_DIR_NAMES = ("test", "val", "validation")
+TEST_DIR_NAMES = ("test", "val", "valid", "validation")  # the split folders recognised, in this order
 #: What counts as an image file (lower case, with the dot): the extensions ``datasets``' ``imagefolder`` builder
 #: indexed when it indexed our folders, so the same files are found as before.
 IMAGE_EXTENSIONS = frozenset(
@@ -178,9 +184,9 @@ def sample_stats(dataset: Dataset, k: int = STATS_SAMPLE) -> tuple[tuple[float, 
 # --------------------------------------------------------------------------- imagefolder
 
 
-def _index(folder: Path) -> FolderIndex:
-    """The folder's index (cached: see folder_index), with the classes that hold no image left out."""
-    index = index_folder(folder, image_extensions())
+def _index(folder: Path, exclude: frozenset[str] = frozenset()) -> FolderIndex:
+    """The folder's index (see folder_index), with the classes that hold no image left out."""
+    index = index_folder(folder, image_extensions(), exclude)
     counts = index.counts()
     if all(counts.values()):
         return index
@@ -190,13 +196,14 @@ def _index(folder: Path) -> FolderIndex:
     return replace(index, classes=[index.classes[i] for i in kept], labels=relabel[index.labels])
 
 
-def _check_classes(directory: Path, least: int = 2) -> FolderIndex:
-    index = _index(directory)
+def _check_classes(directory: Path, least: int = 2, exclude: frozenset[str] = frozenset()) -> FolderIndex:
+    index = _index(directory, exclude)
     layout = f"expected {directory}/<class name>/<image file>, one subfolder per class"
     if not index.classes:
         subfolders = sorted(e.name for e in os.scandir(directory) if e.is_dir() and not e.name.startswith("."))
+        subfolders = [name for name in subfolders if name not in exclude]
         what = f"no image files in its subfolders ({', '.join(subfolders)})" if subfolders else "no class subfolders"
-        raise UserError(f"empty folder: {directory} has {what}; {layout}")
+        raise UserError(f"empty folder: {directory} has {what}{_skipped_words(index)}; {layout}")
     if len(index.classes) < least:
         raise UserError(
             f"{directory} has images for only one class ({index.classes[0]!r}); need at least 2 classes: {layout}"
@@ -204,24 +211,54 @@ def _check_classes(directory: Path, least: int = 2) -> FolderIndex:
     return index
 
 
-def _class_dirs(directory: Path) -> dict[str, int]:
-    """Non-hidden subfolders of ``directory`` and how many images each holds (recursively)."""
-    return index_folder(directory, image_extensions()).counts()
+def _skipped_words(index: FolderIndex) -> str:
+    """`` (and N files that are not images: ...)`` for an error that says a folder holds no images."""
+    if not index.skipped:
+        return ""
+    total = sum(index.skipped.values())
+    kinds = ", ".join(f"{n} {ext}" for ext, n in index.skipped.most_common(4))
+    return f" (only {total} file(s) that are not images by their extension: {kinds}; e.g. {index.skipped_examples[0]})"
+
+
+def _skipped_note(root: Path, *indexes: FolderIndex) -> list[str]:
+    """One line for the files in class folders that are not images by their extension (left out of training),
+    naming the classes that hold nothing else (left out too)."""
+    skipped = sum((ix.skipped for ix in indexes), Counter())
+    if not skipped:
+        return []
+    total = sum(skipped.values())
+    kinds = ", ".join(f"{n} {ext}" for ext, n in skipped.most_common(5))
+    examples = [e for ix in indexes for e in ix.skipped_examples][:3]
+    known = {c for ix in indexes for c in ix.classes}
+    gone = sorted({e.split("/")[0] for ix in indexes for e in ix.skipped_examples} - known)
+    without = f"; class folder(s) with nothing else, left out: {', '.join(gone)}" if gone else ""
+    return [
+        f"{root}: {total} file(s) in the class folders are not images by their extension and are left out ({kinds}; "
+        f"e.g. {', '.join(examples)}){without}; convert them to PNG/JPEG to train on them, or move them out"
+    ]
 
 
 def imagefolder_layout(root: Path) -> tuple[str, Path]:
     """How ``root`` is laid out, and the folder holding its test images.
 
-    ``("split", root/test)``: ``train/`` and ``test/`` (or ``val/``, ``validation/``); ``("test", root/test)``: a
-    test folder is the only subfolder with images; ``("classes", root)``: class subfolders, no split of their own.
+    ``("split", root/test)``: ``train/`` and ``test/`` (or ``val/``, ``valid/``, ``validation/``); ``("beside",
+    root/test)``: class folders beside a test folder (they are the training split); ``("test", root/test)``: a
+    test folder is the only subfolder; ``("classes", root)``: class subfolders, no split of their own.
     """
     test_dir = next((root / n for n in TEST_DIR_NAMES if (root / n).is_dir()), None)
     if test_dir is None:
         return "classes", root
     if (root / "train").is_dir():
         return "split", test_dir
-    with_images = [name for name, n in _class_dirs(root).items() if n > 0]
-    return ("test", test_dir) if with_images == [test_dir.name] else ("classes", root)
+    others = [name for name in _top_names(root) if name not in TEST_DIR_NAMES]
+    return ("beside", test_dir) if others else ("test", test_dir)
+
+
+def _top_names(root: Path) -> list[str]:
+    try:
+        return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    except OSError as exc:
+        raise UserError(f"cannot list {root}: {exc.strerror or exc}; check its permissions") from None
 
 
 def _root(path: str) -> Path:
@@ -242,12 +279,19 @@ def _held_out(index: FolderIndex, cfg: DataConfig, root: Path) -> tuple[np.ndarr
     return train_idx.numpy(), test_idx.numpy()
 
 
+def _valid_headers(facts) -> bool:
+    try:
+        return all(isinstance(n, int) for n in facts["modes"].values()) and all(len(s) == 2 for s in facts["sizes"])
+    except (KeyError, TypeError, AttributeError):
+        return False
+
+
 def _headers(index: FolderIndex, where: Path) -> tuple[Counter, set[tuple[int, int]]]:
     """The PIL modes and sizes of the folder's images: of every image (each read whole, the unreadable ones named
     with a count) up to :data:`FULL_CHECK_MAX` images, of an evenly spaced sample of headers above. Recorded with
-    the index, so a resume or another rank reads no image for them."""
+    the index's file list, so a resume or another rank reads no image for them."""
     facts = index.cache.facts.get("headers") if index.cache else None
-    if facts is None:
+    if not _valid_headers(facts):
         everything = len(index) <= FULL_CHECK_MAX
         rows = range(len(index)) if everything else sample_indices(len(index), SIZE_SAMPLE)
         modes, sizes = check_images((index.path(i) for i in rows), where, verify=everything)
@@ -261,17 +305,34 @@ def _stats(dataset: FileImageDataset, what: str) -> tuple[tuple[float, ...], tup
     """Mean/std of an evenly spaced sample of ``dataset`` (see sample_stats), recorded with its index."""
     cache = dataset.index.cache
     key = f"stats:{what}:{dataset.channels}:{dataset.size}"
-    if cache is not None and key in cache.facts:
-        mean, std = cache.facts[key]
-        return tuple(mean), tuple(std)
+    saved = cache.facts.get(key) if cache is not None else None
+    if _valid_stats(saved, dataset.channels):
+        mean, std = saved
+        return tuple(float(v) for v in mean), tuple(float(v) for v in std)
     mean, std = sample_stats(dataset)
     if cache is not None:
         cache.add_facts(**{key: [list(mean), list(std)]})
     return mean, std
 
 
+def _valid_stats(saved, channels: int) -> bool:
+    try:
+        mean, std = saved
+        return len(mean) == len(std) == channels and all(isinstance(v, (int, float)) for v in (*mean, *std))
+    except (TypeError, ValueError):
+        return False
+
+
+def _check_flags(cfg: DataConfig, what: str) -> None:
+    """Flags that do not apply to this format are refused, never ignored."""
+    for flag, value in (("--image-column", cfg.image_column), ("--label-column", cfg.label_column)):
+        if value is not None:
+            raise UserError(f"{flag} does not apply to {what}; drop it (it picks a column of hf: data or shards)")
+
+
 def build_imagefolder(cfg: DataConfig, path: str) -> DataSplits:
     """Classification data from a folder of class subfolders (see the module docstring)."""
+    _check_flags(cfg, "image folders (the class is the subfolder's name)")
     root = _root(path)
     layout, test_dir = imagefolder_layout(root)
     if layout == "test":
@@ -279,9 +340,9 @@ def build_imagefolder(cfg: DataConfig, path: str) -> DataSplits:
             f"{root} holds only {test_dir.name}/: nothing to train on; put the training images in "
             f"{root}/train/<class name>/ (eval.py evaluates {test_dir.name}/ as it is)"
         )
-    split_layout = layout == "split"
+    split_layout = layout in ("split", "beside")
     if split_layout:
-        train_index = _check_classes(root / "train")
+        train_index = _train_index(root, layout)
         test_index = _check_classes(test_dir)
         train_rows, test_rows, what = None, None, "all"
         modes, sizes = _headers(train_index, root)
@@ -302,8 +363,23 @@ def build_imagefolder(cfg: DataConfig, path: str) -> DataSplits:
     info = DatasetInfo(f"imagefolder:{path}", len(class_names), channels, size, class_names, mean, std)
     extra = {"source": str(root), "augment": augment, "split": "folders" if split_layout else "stratified"}
     extra["index_digest"] = f"{train_index.digest()}-{test_index.digest()}"  # build.py: the same on every rank
-    extra["notes"] = mixed_modes_note(root, modes, channels)  # printed once by the run (plan_warnings.warn_about_run)
+    extra["identity"] = folder_identity(root, train_index, test_index if split_layout else None)
+    extra["notes"] = (  # printed once by the run (plan_warnings.warn_about_run)
+        index_cache.take_notes()
+        + _skipped_note(root, *([train_index, test_index] if split_layout else [train_index]))
+        + mixed_modes_note(root, modes, channels)
+    )
+    if layout == "beside":
+        extra["notes"].append(f"{root}: the class folders beside {test_dir.name}/ are the training split, "
+                              f"{test_dir.name}/ the test split")  # fmt: skip
     return DataSplits(train_ds, test_ds, info, in_memory=False, extra=extra)
+
+
+def _train_index(root: Path, layout: str) -> FolderIndex:
+    """The training split's index: ``train/``, or the class folders beside the split folder (its name left out)."""
+    if layout == "split":
+        return _check_classes(root / "train")
+    return _check_classes(root, exclude=frozenset(TEST_DIR_NAMES))
 
 
 def _label_map(found: list[str], class_names: list[str] | None, folder: Path) -> dict[int, int] | None:
@@ -330,6 +406,7 @@ def build_imagefolder_eval(
     labelled by ``class_names`` (the model's, matched by folder name: a folder may hold a subset of the classes).
     ``extra["evaluated"]`` says in words which images were scored.
     """
+    _check_flags(cfg, "image folders (the class is the subfolder's name)")
     root = _root(path)
     layout, folder = imagefolder_layout(root)
     index = _check_classes(folder, least=1)
@@ -344,7 +421,7 @@ def build_imagefolder_eval(
     elif layout == "classes":
         evaluated = f"every image in {root} ({total}, no train/ or test/ subfolders)"
     else:
-        evaluated = f"every image in {folder} ({total}, {'its test split' if layout == 'split' else 'the only split'})"
+        evaluated = f"every image in {folder} ({total}, {'the only split' if layout == 'test' else 'its test split'})"
     label_map = _label_map(index.classes, class_names, folder)
     channels = channels or channels_for(modes)
     size = choose_image_size(sizes, cfg.image_size)
@@ -353,5 +430,7 @@ def build_imagefolder_eval(
     mean, std = _stats(test_ds, what)
     info = DatasetInfo(f"imagefolder:{path}", len(names), channels, size, names, mean, std)
     extra = {"source": str(root), "split": layout, "evaluated": evaluated}
+    extra["identity"] = folder_identity(root, index) if layout == "classes" else folder_identity(root, None, index)
+    extra["notes"] = index_cache.take_notes() + _skipped_note(root, index)
     empty = FileImageDataset(index, channels, size, np.zeros(0, dtype=np.int64))
     return DataSplits(empty, test_ds, info, in_memory=False, extra=extra)

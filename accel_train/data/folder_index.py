@@ -1,20 +1,24 @@
-"""A folder of class subfolders as an index of its image files, made once with ``os.scandir`` and cached.
+"""A folder of class subfolders as an index of its image files, listed with ``os.scandir`` at every launch.
 
 Classes are the sorted names of the folder's non-hidden subfolders (as torchvision's ``ImageFolder``); each class
-holds the image files anywhere below its subfolder (links to folders followed, a loop refused), in sorted order.
-The index is three numpy arrays (the relative paths back to back as bytes, their offsets, the labels): about 30
-bytes a file, shared by DataLoader workers without a copy. It is cached (``index_cache``) keyed by the folder's
-path and the modification times of every folder in it, so a resume, a requeue, every other rank and
-``accel-evaluate`` read it instead of listing the files again. Nothing here opens an image: a bad image is found
-when it is first read, by :class:`FileImageDataset`.
+holds the image files anywhere below its subfolder (links to folders followed; a loop, or a folder reachable twice,
+as a link into another class would make it, is refused), in sorted order. The index is numpy arrays (the relative
+paths back to back as bytes, their offsets, the labels, each file's size and modification time): about 50 bytes a
+file, shared by DataLoader workers without a copy. The file list is always what the folder holds now: what is
+cached (``index_cache``: image sizes and modes, mean/std) is keyed by it, so a resume, a requeue, every other rank
+and ``accel-evaluate`` read those facts instead of opening images again, and never facts of other files. Files
+in the class folders that are not images by their extension are counted (:attr:`FolderIndex.skipped`), so that
+the builder can say so. Nothing here opens an image: a bad image is found when it is first read, by
+:class:`FileImageDataset`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,18 +32,26 @@ from accel_train.data.pixels import to_mode_and_size
 from accel_train.errors import UserError
 
 INDEX_KIND = "imagefolder"
+SKIPPED_EXAMPLES = 3  # files that are not images, named per folder in the builder's line
 
 
 @dataclass
 class FolderIndex:
-    """The image files of a folder of classes: ``path(i)`` and ``labels[i]`` for ``i < len(self)``."""
+    """The image files of a folder of classes: ``path(i)`` and ``labels[i]`` for ``i < len(self)``.
+
+    ``sizes``/``mtimes``: each file's size and modification time (ns) as listed; ``skipped``: files in the class
+    folders that are not images by their extension, per extension (lower case), with a few examples."""
 
     root: Path
     classes: list[str]
     blob: np.ndarray  # uint8: the relative paths (os.fsencode) back to back
     offsets: np.ndarray  # int64 [n + 1]
     labels: np.ndarray  # int64 [n]
+    sizes: np.ndarray | None = None  # int64 [n]
+    mtimes: np.ndarray | None = None  # int64 [n]
     cache: index_cache.Entry | None = None
+    skipped: Counter = field(default_factory=Counter)
+    skipped_examples: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -59,11 +71,12 @@ class FolderIndex:
         return str(self.root)
 
     def digest(self) -> str:
-        """What the index holds (classes, paths, labels) as a short hash: equal on two machines only when they
-        see the same files."""
-        h = hashlib.sha256("\0".join(self.classes).encode())
-        for array in (self.offsets, self.blob, self.labels):
-            h.update(np.ascontiguousarray(array).tobytes())
+        """What the index holds (classes, paths, labels, sizes) as a short hash: equal on two machines only when
+        they see the same files (modification times left out: two copies of one folder differ in them)."""
+        h = hashlib.sha256(b"\0".join(os.fsencode(c) for c in self.classes))
+        for array in (self.offsets, self.blob, self.labels, self.sizes):
+            if array is not None:
+                h.update(np.ascontiguousarray(array).tobytes())
         return h.hexdigest()[:16]
 
     def counts(self) -> dict[str, int]:
@@ -72,61 +85,99 @@ class FolderIndex:
         return {name: int(n) for name, n in zip(self.classes, per_class, strict=True)}
 
 
-def _walk(top: str, rel: str, extensions: frozenset[str], files: list[bytes], folders: list[str]) -> None:
-    """Append the image files under ``top`` (relative paths, sorted) and every folder visited."""
-    folders.append(rel)
-    subdirs, names = [], []
-    try:
-        entries = list(os.scandir(top))
-    except OSError as exc:
-        raise UserError(f"cannot list {top}: {exc.strerror or exc}; check its permissions") from None
-    for entry in entries:
-        name = entry.name
-        if name.startswith("."):
-            continue
-        if entry.is_dir():  # follows links, as torchvision's os.walk(followlinks=True)
-            subdirs.append(name)
-        elif os.path.splitext(name)[1].lower() in extensions:
-            names.append(name)
-    prefix = rel + "/"
-    files.extend(os.fsencode(prefix + name) for name in sorted(names))
-    real = os.path.realpath(top)
-    for name in sorted(subdirs):
-        refuse_loop(top, name, real)
-        _walk(os.path.join(top, name), prefix + name, extensions, files, folders)
+class _Scan:
+    """One listing of a folder of classes: what each file is, and every folder's real path (a folder reachable
+    twice is refused)."""
+
+    def __init__(self, extensions: frozenset[str]):
+        self.extensions = extensions
+        self.files: list[bytes] = []
+        self.sizes: list[int] = []
+        self.mtimes: list[int] = []
+        self.newest = 0  # the latest modification time (ns): content this recent is not cached yet
+        self.stamp = hashlib.sha256()  # what the facts are keyed by: each file's path, size, mtime, ctime, inode
+        self.skipped: Counter = Counter()
+        self.skipped_examples: list[str] = []
+        self.seen: dict[str, str] = {}  # real path -> the folder (relative) it was reached as
+
+    def walk(self, top: str, rel: str) -> None:
+        """Append the image files under ``top`` (relative paths, sorted)."""
+        real = os.path.realpath(top)
+        if real in self.seen:
+            raise UserError(
+                f"{top} is the folder {self.seen[real]!r} again (a link to it): its images would be read twice"
+                f"{' under two classes' if self.seen[real].split('/')[0] != rel.split('/')[0] else ''}; "
+                "remove the link, or copy the images you mean"
+            )
+        self.seen[real] = rel
+        subdirs, names = [], []
+        try:
+            entries = list(os.scandir(top))
+        except OSError as exc:
+            raise UserError(f"cannot list {top}: {exc.strerror or exc}; check its permissions") from None
+        for entry in entries:
+            name = entry.name
+            if name.startswith("."):
+                continue
+            if entry.is_dir():  # follows links, as torchvision's os.walk(followlinks=True)
+                subdirs.append(name)
+                continue
+            ext = os.path.splitext(name)[1].lower()
+            if ext in self.extensions:
+                names.append(entry)
+            elif entry.is_file():
+                self.skipped[ext or "(no extension)"] += 1
+                if len(self.skipped_examples) < SKIPPED_EXAMPLES:
+                    self.skipped_examples.append(f"{rel}/{name}")
+        prefix = rel + "/"
+        names.sort(key=lambda e: e.name)
+        stamp = []
+        for entry in names:
+            try:
+                st = entry.stat()  # follows links: the file the index reads
+            except OSError as exc:
+                raise UserError(f"cannot read {entry.path}: {exc.strerror or exc}; check it") from None
+            path = os.fsencode(prefix + entry.name)
+            self.files.append(path)
+            self.sizes.append(st.st_size)
+            self.mtimes.append(st.st_mtime_ns)
+            self.newest = max(self.newest, st.st_mtime_ns)
+            stamp.append(b"%s\0%d\0%d\0%d\0%d\0" % (path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+        self.stamp.update(b"".join(stamp))
+        for name in sorted(subdirs):
+            refuse_loop(top, name, real)
+            self.walk(os.path.join(top, name), prefix + name)
 
 
-def scan(root: Path, extensions: frozenset[str]) -> tuple[list[str], list[bytes], np.ndarray, list[str]]:
-    """(classes, relative file paths, labels, folders) of ``root``, listed now."""
+def _top_folders(root: Path, exclude: frozenset[str]) -> list[str]:
     try:
-        top = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+        return sorted(
+            e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith(".") and e.name not in exclude
+        )
     except OSError as exc:
         raise UserError(f"cannot list {root}: {exc.strerror or exc}; check its permissions") from None
-    files: list[bytes] = []
-    folders: list[str] = ["."]
+
+
+def index_folder(root: Path, extensions: frozenset[str], exclude: frozenset[str] = frozenset()) -> FolderIndex:
+    """The index of ``root`` as it is now (its class subfolders, less those named in ``exclude``), with the
+    cache entry its facts are recorded in."""
+    scan = _Scan(extensions)
     labels = []
-    for label, name in enumerate(top):
-        before = len(files)
-        _walk(str(root / name), name, extensions, files, folders)
-        labels.append(np.full(len(files) - before, label, dtype=np.int64))
-    return top, files, np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64), folders
-
-
-def index_folder(root: Path, extensions: frozenset[str]) -> FolderIndex:
-    """The index of ``root``: from the cache when no folder in it changed, else scanned now (and cached)."""
-    key = {"root": str(root), "extensions": sorted(extensions)}
-    entry = index_cache.load(INDEX_KIND, key, root)
+    classes = _top_folders(root, exclude)
+    for label, name in enumerate(classes):
+        before = len(scan.files)
+        scan.walk(str(root / name), name)
+        labels.append(np.full(len(scan.files) - before, label, dtype=np.int64))
+    blob, offsets = index_cache.join_blob(scan.files)
+    label_array = np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64)
+    scan.stamp.update(b"\0".join(os.fsencode(c) for c in classes) + label_array.tobytes())
+    key = {"root": repr(str(root)), "extensions": sorted(extensions), "files": scan.stamp.hexdigest()}  # repr: bytes
+    entry = index_cache.load(INDEX_KIND, key, with_arrays=False)
     if entry is None:
-        classes, files, labels, folders = scan(root, extensions)
-        blob, offsets = index_cache.join_blob(files)
-        classes_blob, classes_offsets = index_cache.join_blob([os.fsencode(c) for c in classes])
-        arrays = {"blob": blob, "offsets": offsets, "labels": labels}
-        arrays |= {"classes": classes_blob, "class_offsets": classes_offsets}
-        entry = index_cache.store(INDEX_KIND, key, root, folders, arrays)
-    a = entry.arrays
-    classes = [os.fsdecode(a["classes"][a["class_offsets"][i] : a["class_offsets"][i + 1]].tobytes())
-               for i in range(len(a["class_offsets"]) - 1)]  # fmt: skip
-    return FolderIndex(root, classes, a["blob"], a["offsets"], a["labels"], entry)
+        entry = index_cache.store(INDEX_KIND, key, {}, trusted=index_cache.settled(scan.newest))
+    sizes, mtimes = (np.asarray(v, dtype=np.int64) for v in (scan.sizes, scan.mtimes))
+    return FolderIndex(root, classes, blob, offsets, label_array, sizes, mtimes, entry, scan.skipped,
+                       scan.skipped_examples)  # fmt: skip
 
 
 def decode_file(path: str | Path, channels: int, size: int, out: np.ndarray | None = None) -> torch.Tensor:

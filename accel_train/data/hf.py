@@ -41,6 +41,7 @@ from accel_train.data.folder import (
     sample_indices,
     sample_stats,
 )
+from accel_train.data.identity import Identity, hf_part
 from accel_train.errors import UserError
 
 IMAGE_COLUMNS = ("image", "img", "pixel_values")
@@ -294,6 +295,7 @@ def build_hf(cfg: DataConfig, name: str) -> DataSplits:
     class_names, uniques = _class_names(train, test, label_col)
     if len(class_names) < 2:
         raise UserError(f"{name!r}: column {label_col!r} has {len(class_names)} class(es); need at least 2 classes")
+    parts = {"train": hf_part(train, class_names)} | ({"test": hf_part(test, class_names)} if test is not None else {})
     if test is None:
         train_idx, test_idx = stratified_split(_labels(train, label_col, uniques), cfg.val_split, cfg.seed)
         if len(train_idx) == 0 or len(test_idx) == 0:
@@ -327,4 +329,5 @@ def build_hf(cfg: DataConfig, name: str) -> DataSplits:
         mean, std = sample_stats(train_ds)
     info = DatasetInfo(f"hf:{name}", len(class_names), channels, size, class_names, mean, std)
     extra = {"source": source, "augment": augment, "image_column": image_col, "label_column": label_col}
+    extra["identity"] = Identity("hf", parts)
     return DataSplits(train_ds, test_ds, info, in_memory=in_memory, extra=extra)

@@ -1,13 +1,22 @@
 """What indexing a data source found, kept between launches: a resume, a requeue, another rank or ``accel-evaluate``
-reads it in milliseconds instead of listing a million files again.
+reads it in milliseconds instead of reading a sample of images (or passing over every shard) again.
 
-An entry is named by the hash of what identifies the source (its absolute path, what counts as an image, this
-format's version) and holds numpy arrays, a ``facts`` dict that later readers may add to (image sizes and modes of
-a sample, mean/std), and the modification times of every folder the index was made from. An entry whose folders'
-times differ from now, or were too recent when it was written to be trusted (a folder changed within the same
-clock tick would look unchanged), is not used. Entries are written atomically (a temporary file, then a rename);
-a cache folder that cannot be written only costs the next launch the scan. Arrays are read with
-``allow_pickle=False``: nothing in the cache can run code.
+A cache may only save time, never change an answer. An entry is named by the hash of everything its content was
+computed from, and nothing else decides whether it is used:
+
+* an image folder's facts (image sizes and modes, mean/std) are keyed by the folder's file list as it is at this
+  launch, listed again every time: each file's path, size, modification and change time (``st_ctime``, which no
+  ``touch``, ``rsync -a`` or ``cp -p`` can set back). An image overwritten in place, images added under a folder
+  whose time was restored, a renamed folder: each is another key;
+* a set of shards' index (rows, row groups, labels) is keyed by each shard's absolute path, size, modification and
+  change time and inode, and the columns asked for.
+
+An entry holds numpy arrays and a ``facts`` dict that later readers may add to. Content whose files changed within
+:data:`RACY_S` of now is not stored (a file rewritten within its timestamp's resolution would look unchanged). An
+entry that cannot be read (cut short, not what this code writes) is rebuilt, with one line naming it
+(:func:`take_notes`); entries are written atomically (a temporary file, then a rename); a cache folder that cannot
+be written only costs the next launch the work. Arrays are read with ``allow_pickle=False``: nothing in the cache
+can run code.
 
 The folder: ``$ACCEL_TRAIN_CACHE``, else ``$XDG_CACHE_HOME/accel_train``, else ``~/.cache/accel_train``.
 """
@@ -25,8 +34,10 @@ from typing import Any
 import numpy as np
 
 CACHE_ENV = "ACCEL_TRAIN_CACHE"
-FORMAT = 1
-RACY_S = 2.0  # a folder modified this close to the scan may change again within its timestamp's resolution
+FORMAT = 2
+RACY_S = 2.0  # content changed this close to now may change again within its timestamp's resolution
+
+_NOTES: list[str] = []
 
 
 def cache_root() -> Path:
@@ -41,15 +52,16 @@ def entry_path(kind: str, key: dict[str, Any]) -> Path:
     return cache_root() / kind / digest
 
 
-def folder_times(folders: list[str], root: Path) -> np.ndarray | None:
-    """The modification times (ns) of ``folders`` (paths relative to ``root``), None if one is gone."""
-    times = np.empty(len(folders), dtype=np.int64)
-    for i, rel in enumerate(folders):
-        try:
-            times[i] = os.stat(root / rel).st_mtime_ns
-        except OSError:
-            return None
-    return times
+def take_notes() -> list[str]:
+    """The lines about cache entries that could not be read since the last call (each one rebuilt)."""
+    notes = list(_NOTES)
+    _NOTES.clear()
+    return notes
+
+
+def settled(newest_ns: int) -> bool:
+    """Whether content whose newest change is at ``newest_ns`` (epoch ns) is old enough to be cached."""
+    return time.time_ns() - int(newest_ns) >= RACY_S * 1e9
 
 
 class Entry:
@@ -65,37 +77,47 @@ class Entry:
             _write_json(self.path.with_suffix(".json"), self.facts)
 
 
-def load(kind: str, key: dict[str, Any], root: Path) -> Entry | None:
-    """The entry for ``key`` if its folders (relative to ``root``) are unchanged since it was written."""
+def _damaged(path: Path, why: str) -> None:
+    _NOTES.append(f"the cache file {path} could not be read ({why}); it is made again (no need to delete it)")
+    for suffix in (".npz", ".json"):
+        path.with_suffix(suffix).unlink(missing_ok=True)
+
+
+def load(kind: str, key: dict[str, Any], with_arrays: bool = True) -> Entry | None:
+    """The entry for ``key``, or None (never written, or damaged: then one note, and the files are removed)."""
     path = entry_path(kind, key)
+    npz, meta = path.with_suffix(".npz"), path.with_suffix(".json")
+    if not meta.exists() or (with_arrays and not npz.exists()):
+        return None
+    reading = meta
     try:
-        with np.load(path.with_suffix(".npz"), allow_pickle=False) as data:
-            arrays = {name: data[name] for name in data.files}
-        facts = json.loads(path.with_suffix(".json").read_text())
-    except (OSError, ValueError, KeyError, EOFError):
+        facts = json.loads(meta.read_text())
+        if not isinstance(facts, dict) or facts.get("key") != json.loads(json.dumps(key)):
+            raise ValueError("not an entry of this data")
+        arrays: dict[str, np.ndarray] = {}
+        if with_arrays:
+            reading = npz
+            with np.load(npz, allow_pickle=False) as data:
+                arrays = {name: data[name] for name in data.files}
+    except FileNotFoundError:  # removed meanwhile by another launch that found it damaged
         return None
-    if facts.get("key") != key or "folders" not in arrays or "folder_times" not in arrays:
-        return None
-    folders = [os.fsdecode(f) for f in _split_blob(arrays["folders"], arrays["folder_offsets"])]
-    now = folder_times(folders, root)
-    if now is None or not np.array_equal(now, arrays["folder_times"]):
+    except Exception as exc:  # noqa: BLE001 - any unreadable entry (a cut zip, a JSON list, ...) is rebuilt
+        _damaged(reading, " ".join(f"{type(exc).__name__}: {exc}".split())[:120])
         return None
     return Entry(path, arrays, facts)
 
 
-def store(kind: str, key: dict[str, Any], root: Path, folders: list[str], arrays: dict[str, np.ndarray]) -> Entry:
-    """Write an entry for ``key`` (unless a folder changed too recently to be trusted) and return it."""
+def store(kind: str, key: dict[str, Any], arrays: dict[str, np.ndarray], trusted: bool = True,
+          facts: dict[str, Any] | None = None) -> Entry:  # fmt: skip
+    """Write an entry for ``key`` (unless its content is not ``trusted`` yet: changed too recently) and return it."""
     path = entry_path(kind, key)
-    times = folder_times(folders, root)
-    blob, offsets = join_blob([os.fsencode(f) for f in folders])
-    all_arrays = {**arrays, "folders": blob, "folder_offsets": offsets}
-    entry = Entry(path, all_arrays, {"key": key}, stored=False)
-    if times is None or (len(times) and time.time_ns() - int(times.max()) < RACY_S * 1e9):
-        return entry  # kept in memory: the next launch scans again
-    all_arrays["folder_times"] = times
+    entry = Entry(path, dict(arrays), {**(facts or {}), "key": key}, stored=False)
+    if not trusted:
+        return entry  # kept in memory: the next launch does the work again
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic(path.with_suffix(".npz"), lambda f: np.savez(f, **all_arrays))
+        if arrays:
+            _atomic(path.with_suffix(".npz"), lambda f: np.savez(f, **arrays))
         _atomic(path.with_suffix(".json"), lambda f: f.write(json.dumps(entry.facts, sort_keys=True).encode()))
         entry.stored = True
     except OSError:
@@ -111,7 +133,7 @@ def join_blob(items: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(b"".join(items), dtype=np.uint8), offsets
 
 
-def _split_blob(blob: np.ndarray, offsets: np.ndarray) -> list[bytes]:
+def split_blob(blob: np.ndarray, offsets: np.ndarray) -> list[bytes]:
     raw = blob.tobytes()
     return [raw[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
 

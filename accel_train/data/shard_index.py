@@ -12,8 +12,10 @@ milliseconds instead of passing over the shards again.
   ``jpeg``, ``webp``, ...) and ``KEY.cls`` (the class, as text) make one sample; each tar's headers are read once,
   the ``.cls`` members with them, and a sample's image is later read by seeking to its member's data offset.
 
-The cache entry is keyed by the shards' absolute paths, sizes and modification times (and the columns asked for):
-a shard rewritten, added or removed is indexed again.
+The cache entry is keyed by the shards' absolute paths, sizes, modification and change times and inodes (and the
+columns asked for): a shard rewritten (even with its time set back), added or removed is indexed again. Labels are
+matched by name: a shard whose ``ClassLabel`` lists the names in another order than the first shard's is read by
+its own names, never by position.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from accel_train.data.hf import IMAGE_COLUMNS, LABEL_COLUMNS, LABEL_FIX, _pick_c
 from accel_train.errors import UserError
 
 INDEX_KIND = "shards"
-VERSION = 1
+VERSION = 2  # 2: keyed by change time and inode too; ClassLabel names per shard
 SUFFIXES = {".parquet": "parquet", ".arrow": "arrow", ".tar": "tar"}
 TAR_IMAGES = frozenset("png jpg jpeg webp bmp gif tif tiff ppm pgm pbm pnm".split())
 TAR_LABEL = "cls"
@@ -128,22 +130,35 @@ def kind_of(files: list[Path], where: Path) -> str:
 
 def index_shards(files: list[Path], image_column: str | None = None, label_column: str | None = None) -> ShardIndex:
     """The index of ``files`` (one folder, one kind): from the cache when no shard changed, else made now."""
-    folder, kind = files[0].parent, SUFFIXES[files[0].suffix.lower()]
-    stats = []
+    kind = SUFFIXES[files[0].suffix.lower()]
+    if kind == "tar":
+        for flag, value in (("--image-column", image_column), ("--label-column", label_column)):
+            if value is not None:
+                raise UserError(
+                    f"{flag} does not apply to tar shards (each sample is KEY.<image extension> + KEY.{TAR_LABEL}); "
+                    "drop it"
+                )
+    stats, newest = [], 0
     for f in files:
         st = f.stat()
-        stats.append([str(f.absolute()), st.st_size, st.st_mtime_ns])
+        stats.append([str(f.absolute()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino])
+        newest = max(newest, st.st_mtime_ns)
     key = {"version": VERSION, "kind": kind, "files": stats}
-    key |= {"image_column": image_column, "label_column": label_column} if kind != "tar" else {}
-    entry = index_cache.load(INDEX_KIND, key, folder)
-    if entry is None or "values" not in entry.facts:  # (no facts: another launch is writing it now)
+    key |= {"image_column": image_column, "label_column": label_column}
+    entry = index_cache.load(INDEX_KIND, key)
+    if entry is None or not _complete(entry):
         arrays, facts = _index_tar(files) if kind == "tar" else _index_columns(files, kind, image_column, label_column)
-        entry = index_cache.store(INDEX_KIND, key, folder, [".", *(f.name for f in files)], arrays)
-        entry.add_facts(**facts)
+        entry = index_cache.store(INDEX_KIND, key, arrays, trusted=index_cache.settled(newest), facts=facts)
     a = entry.arrays
     extra = {k: a[k] for k in ("offsets", "sizes", "names", "name_offsets") if k in a}
     return ShardIndex(kind, list(files), a["starts"], a["labels"], list(entry.facts["values"]), a["groups"],
                       a["group_shard"], a["group_index"], a["group_bytes"], entry.facts, extra, entry)  # fmt: skip
+
+
+def _complete(entry: index_cache.Entry) -> bool:
+    """Whether a cache entry holds what an index needs (else it is made again)."""
+    needed = ("starts", "labels", "groups", "group_shard", "group_index", "group_bytes")
+    return isinstance(entry.facts.get("values"), list) and all(k in entry.arrays for k in needed)
 
 
 def _codes(raw: list[np.ndarray], kinds: set[str], files: list[Path]) -> tuple[np.ndarray, list, str]:
@@ -266,19 +281,30 @@ def _index_columns(files: list[Path], kind: str, image_req: str | None, label_re
     image_col = _pick_column(columns, image_req, IMAGE_COLUMNS, "image", "--image-column")
     label_col = _pick_column(columns, label_req, LABEL_COLUMNS, "label", "--label-column")
     images = image_kind(schema, image_col, files[0])
-    classes = _class_label(schema, label_col)
+    first_names = _class_label(schema, label_col)
+    classes: list[str] | None = None if first_names is None else list(first_names)
     starts, groups, group_shard, group_index, group_bytes, raw, kinds = [0], [0], [], [], [], [], set()
     for s, path in enumerate(files):
         shard_schema, rows, sizes, column = _layout(path, kind, label_col, image_col)
         if image_kind(shard_schema, image_col, path) != images:
             raise UserError(f"shard {path}: image column {image_col!r} differs in type from {files[0].name}'s")
+        names = _class_label(shard_schema, label_col)
+        if (names is None) != (first_names is None):
+            raise UserError(
+                f"shard {path} {'has no' if names is None else 'has'} ClassLabel names for {label_col!r} where "
+                f"{files[0].name} {'has' if names is None else 'has none'}: its labels cannot be matched by name; "
+                "write every shard with the same features"
+            )
         for g, (n, size) in enumerate(zip(rows, sizes, strict=True)):
             if n:
                 groups.append(groups[-1] + n)
                 group_shard.append(s)
                 group_index.append(g)
                 group_bytes.append(size)
-        labels, label_kind = _label_array(column, f"shard {path}", label_col, classes)
+        labels, label_kind = _label_array(column, f"shard {path}", label_col, names)
+        if names is not None:  # by name, never by position: shards may list the names in other orders
+            labels, label_kind = np.asarray(names, dtype=str)[labels] if len(labels) else labels.astype(str), "str"
+            classes += [n for n in names if n not in classes]  # type: ignore[operator]
         raw.append(labels)
         kinds.add(label_kind)
         starts.append(starts[-1] + sum(rows))

@@ -49,10 +49,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from accel_train.data import index_cache
 from accel_train.data.augment import Augmented
 from accel_train.data.base import DataConfig, DatasetInfo, DataSplits, stratified_split
 from accel_train.data.folder import TEST_DIR_NAMES, augment_for, choose_image_size, sample_indices, sample_stats
 from accel_train.data.hf import TEST_SPLITS
+from accel_train.data.identity import Identity, shards_part
 from accel_train.data.images import DECODE_ERRORS, MAX_IMAGE_PIXELS, channels_for, mixed_modes_note
 from accel_train.data.pixels import image_to_chw
 from accel_train.data.shard_index import ShardIndex, arrow_table, index_shards, kind_of, shard_files
@@ -289,10 +291,11 @@ def _classes(train: ShardIndex, test: ShardIndex | None, root: Path) -> tuple[li
     """The class names and, for each index, its label codes -> class (ClassLabel names, else the sorted values)."""
     both = [train] + ([test] if test is not None else [])
     names = train.class_label
-    if names is not None:
-        maps = [np.asarray(ix.values, dtype=np.int64) for ix in both]  # the values are the ClassLabel's indices
-        if test is not None and (test.facts["label_kind"] != "int" or (len(maps[1]) and maps[1].max() >= len(names))):
-            raise UserError(f"{root}: the test labels are not among the {len(names)} ClassLabel classes of train")
+    if names is not None:  # ClassLabel names: every shard's labels were read as names (shard_index), matched here
+        lookup = {n: i for i, n in enumerate(names)}
+        maps = [np.asarray([lookup[v] for v in train.values], dtype=np.int64)]
+        if test is not None:
+            maps.append(_test_by_name(test, names, lookup, root))
     else:
         kinds = {ix.facts["label_kind"] for ix in both}
         if len(kinds) > 1:
@@ -303,6 +306,23 @@ def _classes(train: ShardIndex, test: ShardIndex | None, root: Path) -> tuple[li
     if len(names) < 2:
         raise UserError(f"{root}: the shards hold {len(names)} class(es); need at least 2 classes")
     return names, maps
+
+
+def _test_by_name(test: ShardIndex, names: list[str], lookup: dict[str, int], root: Path) -> np.ndarray:
+    """The test shards' label codes -> train's ClassLabel classes: by name (ClassLabel or text labels), else, for
+    plain integers, as indices into train's names."""
+    if test.facts["label_kind"] == "int" and test.class_label is None:
+        values = np.asarray(test.values, dtype=np.int64)
+        if len(values) and (values.min() < 0 or values.max() >= len(names)):
+            raise UserError(f"{root}: the test labels are not among the {len(names)} ClassLabel classes of train")
+        return values
+    unknown = [str(v) for v in test.values if str(v) not in lookup]
+    if unknown:
+        raise UserError(
+            f"{root}: test label(s) {', '.join(map(repr, unknown[:5]))} are not among train's ClassLabel classes "
+            f"({', '.join(names[:10])}); give the test shards the same class names"
+        )
+    return np.asarray([lookup[str(v)] for v in test.values], dtype=np.int64)
 
 
 def _headers(index: ShardIndex) -> tuple[Counter, set[tuple[int, int]]]:
@@ -342,9 +362,17 @@ def _notes(root: Path, index: ShardIndex, modes: Counter, channels: int) -> list
 
 
 def _digest(*indexes: ShardIndex | None) -> str:
-    """What every rank must agree on: the shards' names, sizes and rows."""
+    """What every rank must agree on: the shards' names, sizes and rows, and the labels."""
     parts = [(f.name, f.stat().st_size, len(ix)) for ix in indexes if ix is not None for f in ix.files]
-    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+    labels = [(ix.values, ix.class_label, ix.labels.tobytes()) for ix in indexes if ix is not None]
+    return hashlib.sha256(repr((parts, labels)).encode()).hexdigest()[:16]
+
+
+def _identity(root: Path, train: ShardIndex, test: ShardIndex | None) -> Identity:
+    parts = {"train": shards_part(train, root)}
+    if test is not None:
+        parts["test"] = shards_part(test, root)
+    return Identity("shards", parts)
 
 
 def _indexed(cfg: DataConfig, path: str) -> tuple[Path, ShardIndex, ShardIndex | None, str]:
@@ -380,7 +408,8 @@ def build_shards(cfg: DataConfig, path: str) -> DataSplits:
     mean, std = _stats(train_ds, what)
     info = DatasetInfo(f"shards:{path}", len(names), channels, size, names, mean, std)
     extra = {"source": str(root), "augment": augment, "split": how, "shards": train.kind}
-    extra |= {"notes": _notes(root, train, modes, channels), "index_digest": _digest(train, test)}
+    extra |= {"notes": index_cache.take_notes() + _notes(root, train, modes, channels)}
+    extra |= {"index_digest": _digest(train, test), "identity": _identity(root, train, test)}
     return DataSplits(train_ds, test_ds, info, in_memory=False, extra=extra)
 
 
@@ -420,5 +449,7 @@ def build_shards_eval(
     names = class_names or names
     info = DatasetInfo(f"shards:{path}", len(names), channels, size, names, mean, std)
     extra = {"source": str(root), "split": how, "shards": scored.kind, "evaluated": evaluated}
+    extra["identity"] = Identity("shards", {"test" if test is not None else "train": shards_part(scored, root)})
+    extra["notes"] = index_cache.take_notes()
     empty = ShardDataset(scored, channels, size, np.zeros(0, dtype=np.int64), class_of)
     return DataSplits(empty, test_ds, info, in_memory=False, extra=extra)

@@ -511,13 +511,24 @@ def test_imagefolder_unreadable_images_in_process(tmp_path, bad, needles):
     assert snapshot(tmp_path) == before
 
 
-def test_imagefolder_ignores_other_files(tmp_path):
+def test_imagefolder_leaves_out_other_files_in_one_line(tmp_path):
+    """Files that are not images by their extension are not indexed, never silently: one line counts them by
+    extension and names one; a class folder that holds only such files (HEIC photos) is left out in that line."""
     from accel_train.data import build_dataset
 
     root = image_folder_with(tmp_path)
     (root / "a" / "notes.txt").write_text("not an image, not an image extension: not indexed\n")
     splits = build_dataset(parse_config(["--dataset", f"imagefolder:{root}"]).data_config())
-    assert len(splits.train) + len(splits.test) == 8 and splits.extra["notes"] == []
+    assert len(splits.train) + len(splits.test) == 8
+    (line,) = splits.extra["notes"]
+    assert "1 file(s)" in line and "1 .txt" in line and "a/notes.txt" in line, line
+    (root / "phone").mkdir()
+    for i in range(3):
+        (root / "phone" / f"IMG_{i}.HEIC").write_bytes(b"\0" * 10)
+    splits = build_dataset(parse_config(["--dataset", f"imagefolder:{root}"]).data_config())
+    assert "phone" not in splits.info.class_names
+    (line,) = splits.extra["notes"]
+    assert "4 file(s)" in line and "3 .heic" in line and "left out: phone" in line, line
 
 
 def test_imagefolder_of_mixed_modes_says_how_they_are_converted(tmp_path):

@@ -20,9 +20,12 @@ EXT = folder.IMAGE_EXTENSIONS
 
 
 def _age(root: Path, seconds: float = 3600) -> None:
-    """Date every folder under ``root`` (and ``root``) ``seconds`` back: as a folder nobody touched lately."""
+    """Date ``root`` and every file and folder under it ``seconds`` back: as a folder nobody touched lately."""
     then = time.time() - seconds
-    for parent, _, _ in os.walk(root):
+    os.utime(root, (then, then))
+    for parent, _, names in os.walk(root):
+        for name in names:
+            os.utime(os.path.join(parent, name), (then, then))
         os.utime(parent, (then, then))
 
 
@@ -54,22 +57,58 @@ def test_index_is_torchvisions_imagefolder(tmp_path):
     assert per_file < 40, per_file  # relative paths back to back: ~12 bytes of name + 16 of offset and label
 
 
-def test_a_cached_index_is_read_until_a_folder_changes(tmp_path, monkeypatch):
+def test_the_file_list_is_listed_at_every_launch_and_the_facts_follow_it(tmp_path):
+    """The index is what the folder holds now; its cache entry (the facts read from images) is keyed by the file
+    list: a file added under a folder whose time is then restored (rsync -a, tar x, cp -p) is seen."""
     root = write_image_folder(tmp_path / "imgs", per_class=4, size=8)
     _age(root)
     first = index_folder(root, EXT)
     assert first.cache is not None and first.cache.stored
-    scans = []
-    real_scan = folder_index.scan
-    monkeypatch.setattr(folder_index, "scan", lambda *a: scans.append(a) or real_scan(*a))
     again = index_folder(root, EXT)
-    assert scans == [] and again.digest() == first.digest()  # read from the cache, the same index
-    (root / "b" / "new.png").write_bytes((root / "b" / "b_000.png").read_bytes())  # the folder's mtime moves
+    assert again.cache.path == first.cache.path and again.digest() == first.digest()
+    folder_time = os.stat(root / "b").st_mtime_ns
+    (root / "b" / "new.png").write_bytes((root / "b" / "b_000.png").read_bytes())
+    os.utime(root / "b", ns=(folder_time, folder_time))  # the folder's time restored
+    _age(root / "b" / "new.png")
     changed = index_folder(root, EXT)
-    assert len(scans) == 1 and len(changed) == len(first) + 1
-    assert changed.cache is not None and not changed.cache.stored  # changed just now: not trusted, not stored
-    index_folder(root, EXT)
-    assert len(scans) == 2  # ... so the next launch lists the files again
+    assert len(changed) == len(first) + 1 and changed.cache.path != first.cache.path
+
+
+def test_a_file_overwritten_in_place_is_another_cache_key(tmp_path):
+    """Same path, same size, the modification time set back: the change time still differs, so facts recorded
+    for the old file are never read for the new one."""
+    root = write_image_folder(tmp_path / "imgs", per_class=4, size=8)
+    _age(root)
+    target = root / "a" / "a_000.png"
+    before = os.stat(target)
+    first = index_folder(root, EXT)
+    data = target.read_bytes()
+    target.write_bytes(data[::-1][::-1])  # same bytes, rewritten
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+    again = index_folder(root, EXT)
+    assert again.digest() == first.digest()  # what ranks compare: same paths and sizes
+    assert again.cache.path != first.cache.path
+
+
+def test_a_recent_change_is_not_cached(tmp_path):
+    root = write_image_folder(tmp_path / "imgs", per_class=2, size=8)  # written just now
+    index = index_folder(root, EXT)
+    assert not index.cache.stored
+
+
+def test_a_damaged_cache_file_is_rebuilt_with_one_line(tmp_path):
+    root = write_image_folder(tmp_path / "imgs", per_class=4, size=8)
+    _age(root)
+    cfg = DataConfig(dataset=f"imagefolder:{root}")
+    first = build_dataset(cfg)
+    path = index_folder(root, EXT).cache.path.with_suffix(".json")
+    for damage in ("[1, 2]", '{"key": 3', ""):
+        path.write_text(damage)
+        again = build_dataset(cfg)
+        assert again.info == first.info
+        notes = [n for n in again.extra["notes"] if str(path) in n]
+        assert len(notes) == 1 and "could not be read" in notes[0], again.extra["notes"]
+    assert build_dataset(cfg).extra["notes"] == []  # rebuilt: read again
 
 
 def test_a_cache_that_cannot_be_written_costs_only_the_scan(tmp_path, monkeypatch):
@@ -154,8 +193,9 @@ def test_every_index_of_the_same_folder_is_the_same(tmp_path, n):
 
 
 def test_ranks_that_index_other_files_are_refused(tmp_path, monkeypatch):
-    """build.check_same_data: the digests gathered from the ranks must agree (one folder copy per machine that
-    differs would train each rank on other data); a lone process gathers nothing."""
+    """build.check_same_data: what the ranks gathered must agree, the file list (one folder copy per machine that
+    differs would train each rank on other data) and what was read from it (channels, size, classes, mean/std:
+    a file that differs in content, or a cache that did, would fail inside DDP); a lone process gathers nothing."""
     from types import SimpleNamespace
 
     import accelerate.utils
@@ -164,16 +204,23 @@ def test_ranks_that_index_other_files_are_refused(tmp_path, monkeypatch):
 
     root = write_image_folder(tmp_path / "imgs", per_class=5, size=8)
     splits = build_dataset(DataConfig(dataset=f"imagefolder:{root}"))
-    mine = splits.extra["index_digest"]
     gathered = []
-    monkeypatch.setattr(accelerate.utils, "gather_object", lambda obj: gathered.append(obj) or gathered_result)
-    gathered_result = [mine, mine]
+    monkeypatch.setattr(accelerate.utils, "gather_object", lambda obj: gathered.append(obj) or [*obj, *others])
+    others = []
+    check_same_data(SimpleNamespace(num_processes=2), splits)  # (each rank's own, as gathered, below)
+    (mine,) = gathered[0]
+    assert mine[0] == splits.extra["index_digest"]
+    others = [mine]
     check_same_data(SimpleNamespace(num_processes=2), splits)
-    assert gathered == [[mine]]
-    gathered_result = [mine, "0000-1111", mine]
+    others = [mine, ("0000-1111", mine[1])]
     raises_user_error(
         lambda: check_same_data(SimpleNamespace(num_processes=3), splits),
-        "process(es) 1 see other files than process 0", "same copy of the data",
+        "process(es) 2 see other files than process 0", "same copy of the data",
+    )  # fmt: skip
+    others = [(mine[0], mine[1].replace("8,", "16,", 1))]
+    raises_user_error(
+        lambda: check_same_data(SimpleNamespace(num_processes=2), splits),
+        "process(es) 1 read other images than process 0", "same copy of the data",
     )  # fmt: skip
     gathered.clear()
     check_same_data(SimpleNamespace(num_processes=1), splits)

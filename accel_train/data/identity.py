@@ -1,0 +1,298 @@
+"""What a run trains and evaluates on, as a record that two launches can compare: the data's identity.
+
+* an image folder: each part's (``train``; ``test`` where the folder has a split of its own) file list, every file's
+  path, size and modification time, and its class names;
+* shards: each shard's name, size, modification time, row count, and the label names;
+* ``hf:`` data: each split's fingerprint (``datasets``' hash of what made it), rows and class names;
+* data held in memory (the built-in datasets, tensors given to ``accel_train.train``): a hash of the tensors.
+
+:meth:`Identity.record` is small JSON (a digest per part and counts), recorded in config.yaml, in every checkpoint
+and in an export's config.json. A folder's whole file list (:meth:`Identity.save_files`) is kept once in the run
+folder, so that a resume on changed data can say what changed: N files added, removed, changed, in which classes.
+:func:`changes` compares a record with the data as it is now, in words; None when they are the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+EXAMPLES = 3  # file or shard names given per kind of change
+
+
+def _hasher():
+    try:
+        import xxhash  # a dependency of datasets: ~10x faster than sha256 on tensors
+
+        return xxhash.xxh3_128()
+    except ImportError:  # pragma: no cover - datasets always brings it
+        return hashlib.sha256()
+
+
+@dataclass
+class Part:
+    """One split's identity: its digest, a summary (JSON) and, for a folder, its file list."""
+
+    digest: str
+    summary: dict[str, Any]
+    files: dict[str, np.ndarray] | None = None  # blob, offsets, sizes, mtimes
+
+
+@dataclass
+class Identity:
+    kind: str
+    parts: dict[str, Part] = field(default_factory=dict)
+
+    @property
+    def digest(self) -> str:
+        h = hashlib.sha256(self.kind.encode())
+        for name in sorted(self.parts):
+            h.update(f"\0{name}\0{self.parts[name].digest}".encode())
+        return h.hexdigest()[:16]
+
+    def record(self) -> dict[str, Any]:
+        parts = {name: {"digest": p.digest, **p.summary} for name, p in self.parts.items()}
+        return {"kind": self.kind, "digest": self.digest, "parts": parts}
+
+    def save_files(self, path: Path) -> None:
+        """The folder parts' file lists into ``path`` (npz, written atomically); nothing for other kinds."""
+        arrays = {f"{name}.{k}": v for name, p in self.parts.items() if p.files for k, v in p.files.items()}
+        if not arrays or saved_digest(path) == self.digest:  # a resume on the same data: already there
+            return
+        arrays["digest"] = np.frombuffer(self.digest.encode(), dtype=np.uint8)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".npz")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **arrays)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def saved_digest(path: Path) -> str | None:
+    """The digest of the data whose file lists ``path`` holds (None: none, unreadable)."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return data["digest"].tobytes().decode()
+    except Exception:  # noqa: BLE001 - absent or damaged: written again
+        return None
+
+
+def load_files(path: Path, digest: str) -> dict[str, dict[str, np.ndarray]] | None:
+    """The file lists ``save_files`` wrote for the data of ``digest`` (None: none, another's, unreadable)."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if data["digest"].tobytes().decode() != digest:
+                return None
+            parts: dict[str, dict[str, np.ndarray]] = {}
+            for key in data.files:
+                if "." in key:
+                    name, _, what = key.partition(".")
+                    parts.setdefault(name, {})[what] = data[key]
+            return parts
+    except Exception:  # noqa: BLE001 - only for the message: without it the summary's counts are compared
+        return None
+
+
+# --------------------------------------------------------------------------- the kinds
+
+
+def folder_part(prefix: str, index) -> Part:
+    """A :class:`~accel_train.data.folder_index.FolderIndex` as a part: its paths (under ``prefix``, relative to
+    the dataset's folder), sizes, modification times and class names."""
+    h = _hasher()
+    h.update(b"\0".join(os.fsencode(c) for c in index.classes) + b"\1" + os.fsencode(prefix))
+    for array in (index.offsets, index.blob, index.labels, index.sizes, index.mtimes):
+        h.update(np.ascontiguousarray(array).tobytes())
+    summary = {"folder": _printable(prefix), "files": len(index), "bytes": int(index.sizes.sum())}
+    summary["classes"] = _printable_counts(index.counts())
+    files = {"blob": index.blob, "offsets": index.offsets, "sizes": index.sizes, "mtimes": index.mtimes}
+    return Part(h.hexdigest()[:16], summary, files)
+
+
+def _printable_counts(counts: dict[str, int]) -> dict[str, int]:
+    return {_printable(name): n for name, n in counts.items()}
+
+
+def _printable(name: str) -> str:
+    """A name as text JSON and YAML can hold (a folder name that is not UTF-8 keeps its bytes as \\x escapes)."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return os.fsencode(name).decode("utf-8", "backslashreplace")
+
+
+def folder_identity(root: Path, train, test=None) -> Identity:
+    """An image folder's identity: ``train`` (the whole folder when it has no split of its own) and ``test``."""
+    parts = {}
+    if train is not None:
+        prefix = "" if train.root == root else os.path.relpath(train.root, root) + "/"
+        parts["train"] = folder_part(prefix, train)
+    if test is not None:
+        parts["test"] = folder_part(os.path.relpath(test.root, root) + "/", test)
+    return Identity("imagefolder", parts)
+
+
+def shards_part(index, folder: Path) -> Part:
+    """A :class:`~accel_train.data.shard_index.ShardIndex` as a part: each shard's name (relative to ``folder``),
+    size, modification time and rows, and the label values (or ClassLabel names)."""
+    shards = []
+    for s, f in enumerate(index.files):
+        st = f.stat()
+        rows = int(index.starts[s + 1] - index.starts[s])
+        shards.append([_printable(os.path.relpath(f, folder)), st.st_size, st.st_mtime_ns, rows])
+    labels = [_printable(str(v)) for v in (index.class_label or index.values)]
+    counts = np.bincount(index.labels, minlength=len(index.values)).tolist()
+    summary = {"rows": len(index), "shards": shards, "labels": labels, "label_rows": counts}
+    return Part(hashlib.sha256(repr((shards, labels, counts)).encode()).hexdigest()[:16], summary)
+
+
+def tensors_part(dataset) -> Part | None:
+    """A split held in memory as tensors (``images``/``labels``), hashed; None for anything else."""
+    images, labels = getattr(dataset, "images", None), getattr(dataset, "labels", None)
+    import torch
+
+    if not isinstance(images, torch.Tensor) or not isinstance(labels, torch.Tensor):
+        return None
+    h = _hasher()
+    for t in (images, labels):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().reshape(-1).data if t.numel() else b"")
+    return Part(h.hexdigest()[:16], {"rows": len(labels)})
+
+
+def tensor_identity(splits) -> Identity | None:
+    parts = {name: tensors_part(getattr(splits, name)) for name in ("train", "test")}
+    if any(p is None for p in parts.values()):
+        return None
+    return Identity("tensors", parts)  # type: ignore[arg-type]
+
+
+def hf_part(data, class_names: list[str]) -> Part:
+    """A ``datasets.Dataset`` split: its fingerprint, rows and class names."""
+    fingerprint = str(getattr(data, "_fingerprint", None))
+    summary = {"rows": len(data), "fingerprint": fingerprint, "classes": [_printable(c) for c in class_names]}
+    return Part(hashlib.sha256(repr(sorted(summary.items())).encode()).hexdigest()[:16], summary)
+
+
+def of_splits(splits) -> Identity | None:
+    """The identity a builder recorded in ``splits.extra["identity"]``, else that of in-memory tensors."""
+    found = splits.extra.get("identity")
+    return found if isinstance(found, Identity) else tensor_identity(splits)
+
+
+# --------------------------------------------------------------------------- what changed
+
+
+def changes(
+    old: dict[str, Any], new: Identity, old_files: dict | None = None, parts: tuple[str, ...] = ()
+) -> str | None:  # noqa: E501
+    """What differs between the recorded ``old`` (:meth:`Identity.record`) and ``new``, in words (None: the same).
+
+    ``old_files``: the folder's file lists as recorded (:func:`load_files`); ``parts``: compare only these."""
+    if not isinstance(old, dict) or not isinstance(old.get("parts"), dict):
+        return None
+    if old.get("kind") != new.kind:
+        return f"it was {old.get('kind')} data, it is {new.kind} data now"
+    said = []
+    names = parts or tuple(sorted(set(old["parts"]) | set(new.parts)))
+    for name in names:
+        was, now = old["parts"].get(name), new.parts.get(name)
+        if was is None or now is None:
+            if was is not None or now is not None:
+                said.append(f"the {name} split {'is new' if was is None else 'is gone'}")
+            continue
+        if was.get("digest") == now.digest:
+            continue
+        if new.kind == "imagefolder":
+            said.append(_folder_change(name, was, now, (old_files or {}).get(name)))
+        elif new.kind == "shards":
+            said.append(_shards_change(name, was, now))
+        elif new.kind == "hf":
+            said.append(_hf_change(name, was, now))
+        else:
+            said.append(f"{name}: {was.get('rows')} rows then, {now.summary.get('rows')} now, other values")
+    return "; ".join(said) or None
+
+
+def _examples(names: list[str]) -> str:
+    shown = ", ".join(names[:EXAMPLES])
+    return f" ({shown}{', ...' if len(names) > EXAMPLES else ''})" if names else ""
+
+
+def _folder_change(name: str, was: dict, now: Part, files: dict | None) -> str:
+    if files is None or now.files is None:  # no file list recorded: the counts
+        then, classes = was.get("classes", {}), now.summary["classes"]
+        moved = [c for c in sorted(set(then) | set(classes)) if then.get(c) != classes.get(c)]
+        per = ", ".join(f"{c} {then.get(c, 0)} -> {classes.get(c, 0)}" for c in moved[:5])
+        what = f"{was.get('files')} files then, {now.summary['files']} now" + (f" ({per})" if per else "")
+        return f"{name}: {what}, or files changed in place"
+    old = _by_path(files, now.summary["folder"])
+    new = _by_path(now.files, now.summary["folder"])
+    added = sorted(set(new) - set(old))
+    removed = sorted(set(old) - set(new))
+    both = set(new) & set(old)
+    resized = sorted(p for p in both if new[p][0] != old[p][0])
+    touched = sorted(p for p in both if new[p][0] == old[p][0] and new[p][1] != old[p][1])
+    said = [f"{len(added)} file(s) added{_examples(added)}"] if added else []
+    said += [f"{len(removed)} removed{_examples(removed)}"] if removed else []
+    said += [f"{len(resized)} changed{_examples(resized)}"] if resized else []
+    if touched:
+        said.append(f"{len(touched)} with another modification time, same size{_examples(touched)}")
+    classes = _class_changes(was.get("classes", {}), now.summary["classes"])
+    return f"{name}: {', '.join(said) or 'the class names differ'}{classes}"
+
+
+def _class_changes(then: dict, now: dict) -> str:
+    added, gone = sorted(set(now) - set(then)), sorted(set(then) - set(now))
+    said = [f"new class(es) {', '.join(added[:5])}"] if added else []
+    said += [f"class(es) gone: {', '.join(gone[:5])}"] if gone else []
+    return f"; {', '.join(said)}" if said else ""
+
+
+def _by_path(files: dict[str, np.ndarray], prefix: str) -> dict[str, tuple[int, int]]:
+    """Each file's (size, mtime) by its path (printable, under ``prefix``)."""
+    from accel_train.data.index_cache import split_blob
+
+    paths = split_blob(files["blob"], files["offsets"])
+    sizes, mtimes = files["sizes"].tolist(), files["mtimes"].tolist()
+    return {prefix + _printable(os.fsdecode(p)): (s, m) for p, s, m in zip(paths, sizes, mtimes, strict=True)}
+
+
+def _shards_change(name: str, was: dict, now: Part) -> str:
+    old = {s[0]: s[1:] for s in was.get("shards", [])}
+    new = {s[0]: s[1:] for s in now.summary["shards"]}
+    added, removed = sorted(set(new) - set(old)), sorted(set(old) - set(new))
+    changed = sorted(n for n in set(new) & set(old) if new[n] != old[n])
+    said = [f"shard(s) added{_examples(added)}"] if added else []
+    said += [f"shard(s) removed{_examples(removed)}"] if removed else []
+    said += [f"shard(s) changed{_examples(changed)}"] if changed else []
+    if was.get("labels") != now.summary["labels"]:
+        said.append(f"labels {was.get('labels')} then, {now.summary['labels']} now"[:200])
+    elif was.get("label_rows") != now.summary["label_rows"]:
+        said.append("other rows per label")
+    rows = f" ({was.get('rows')} rows then, {now.summary['rows']} now)"
+    return f"{name}: {', '.join(said) or 'other rows'}{rows}"
+
+
+def _hf_change(name: str, was: dict, now: Part) -> str:
+    said = Counter()
+    for key in ("rows", "fingerprint", "classes"):
+        if was.get(key) != now.summary.get(key):
+            said[key] += 1
+    what = ", ".join(f"{k} {was.get(k)} then, {now.summary.get(k)} now" for k in said if k != "classes")
+    if "classes" in said:
+        what = ", ".join(filter(None, [what, "other class names"]))
+    return f"{name}: {what or 'other data'}"
