@@ -104,10 +104,11 @@ class _Scan:
         """Append the image files under ``top`` (relative paths, sorted)."""
         real = os.path.realpath(top)
         if real in self.seen:
+            first = self.seen[real]
+            two = " under two classes" if first.split("/")[0] != rel.split("/")[0] else ""
             raise UserError(
-                f"{top} is the folder {self.seen[real]!r} again (a link to it): its images would be read twice"
-                f"{' under two classes' if self.seen[real].split('/')[0] != rel.split('/')[0] else ''}; "
-                "remove the link, or copy the images you mean"
+                f"{first!r} and {rel!r} in {os.path.dirname(top[: len(top) - len(rel)] or '.')} are one folder (one "
+                f"links to the other): its images would be read twice{two}; remove the link, or copy the images"
             )
         self.seen[real] = rel
         subdirs, names = [], []
