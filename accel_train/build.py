@@ -280,21 +280,29 @@ def _check_resumed_data(cfg: TrainConfig, rt: Runtime, splits: DataSplits, run_d
     from accel_train.resume import data_change, data_refusal
 
     ident = of_splits(splits)
-    if resume_path is None or ident is None:
+    if "val_split" in getattr(cfg, "given", ()) and splits.extra.get("split") in ("folders", "files"):
+        raise UserError(
+            f"--val-split does not apply to {cfg.dataset}: it has a test split of its own "
+            f"({splits.extra.get('source')}); drop --val-split, or point at data without one"
+        )
+    if resume_path is None:
         return ident
-    change = None
+    change = shape = None
     if rt.is_main:
         progress = read_progress(resume_path)
         recorded = (progress.get("resolved") or {}).get("data") or {}
         files = load_files(run_dir / DATA_FILES, recorded.get("digest", "")) if recorded else None
-        change = data_change(progress, ident, files)
+        change, shape = data_change(progress, ident, files), _shape_change(progress.get("model_config"), splits.info)
     if rt.accelerator.num_processes > 1:
         from accelerate.utils import gather_object
 
-        change = gather_object([change])[0]
-    if change is None:
+        change, shape = gather_object([(change, shape)])[0]
+    if change is None and shape is None:
         return ident
     step = read_progress(resume_path)["state"]["global_step"]
+    if shape is not None:  # no flag helps: the checkpoint's weights do not fit the model this data needs
+        said = data_refusal(cfg.dataset, step, "; ".join(filter(None, [change, shape])))
+        raise UserError(said.split("; --resume-changed-data")[0])
     if not cfg.resume_changed_data:
         raise UserError(data_refusal(cfg.dataset, step, change))
     rt.warn(f"resume is not exact: --resume-changed-data: the data changed since step {step}: {change}")
@@ -418,6 +426,17 @@ def _resume(
             f"{plan.global_batch}: pass --global-batch-size {old['global_batch']} to continue it exactly"
         )
     return state
+
+
+def _shape_change(saved: Any, info) -> str | None:
+    """How the model the data gives now differs from the checkpoint's (classes, channels, size), in words."""
+    if not isinstance(saved, dict):
+        return None
+    now = {"num_classes": info.num_classes, "in_channels": info.in_channels, "image_size": info.image_size}
+    now["class_names"] = list(info.class_names)
+    differ = [k for k, v in now.items() if k in saved and saved[k] != v]
+    return "; ".join(f"it reads as {k} {str(now[k])[:80]}, the checkpoint's model has {str(saved[k])[:80]}"
+                     for k in differ) or None  # fmt: skip
 
 
 def _open_run_folder(
