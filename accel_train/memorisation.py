@@ -4,9 +4,11 @@ Two signs, either enough (thresholds chosen from runs on a 120-image folder: ``l
 epochs ends at 100% training vs 37% test accuracy, its eval loss up from 1.2 to 5.4; a run that generalises ends
 within a few points, its eval loss near its lowest):
 
-* the training accuracy of the last logged window exceeds the final evaluation accuracy by :data:`GAP` or more,
+* the training accuracy of the last window exceeds the final evaluation accuracy by :data:`GAP` or more,
   the evaluation error being :data:`ERROR_RATIO` times the training error or more (50% right in training and 23%
-  in evaluation, on three classes, is a model that learnt little, not one that memorised);
+  in evaluation, on three classes, is a model that learnt little, not one that memorised). The last window is the
+  last logged one, or the steps after it that no record holds (the trainer's open window) when they are at least
+  as many: a run shorter than ``--log-every`` logs no train record and is judged on all its steps;
 * the evaluation loss rose from its lowest to the end (by :data:`LOSS_RISE` times and :data:`LOSS_RISE_MIN`) while
   the training loss fell over the same steps.
 
@@ -33,6 +35,20 @@ MIN_EVALS = 3  # evaluations needed to speak of a trend
 def _number(record: Mapping[str, Any], key: str) -> float | None:
     value = record.get(key)
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _with_open_window(train: Sequence[Mapping], open_window: Mapping[str, Any] | None) -> Sequence[Mapping]:
+    """``train``, ending with ``open_window`` (``step``, ``loss``, ``accuracy`` of the steps after the last train
+    record) when it holds at least as many steps as the last logged window."""
+    step = _number(open_window or {}, "step")
+    if step is None:
+        return train
+    steps = [s for r in train if (s := _number(r, "step")) is not None]
+    last = steps[-1] if steps else 0.0
+    previous = steps[-2] if len(steps) > 1 else 0.0
+    if step <= last or step - last < last - previous:
+        return train
+    return [*train, open_window]
 
 
 def _accuracy_gap(train: Sequence[Mapping], evals: Sequence[Mapping]) -> str | None:
@@ -64,9 +80,15 @@ def _loss_rise(train: Sequence[Mapping], evals: Sequence[Mapping]) -> str | None
     return f"evaluation loss rose from {best:.2f} (step {best_step}) to {last:.2f} while training loss fell"
 
 
-def memorisation_warning(records: Mapping[str, Sequence[Mapping]], augmented: bool, pretrained: bool) -> str | None:
-    """The one-line warning for a run whose ``records`` (event -> records, by step) show memorisation, or None."""
-    train, evals = records.get("train", []), records.get("eval", [])
+def memorisation_warning(
+    records: Mapping[str, Sequence[Mapping]],
+    augmented: bool,
+    pretrained: bool,
+    open_window: Mapping[str, Any] | None = None,
+) -> str | None:
+    """The one-line warning for a run whose ``records`` (event -> records, by step) show memorisation, or None.
+    ``open_window``: the train figures of the steps after the last train record (``step``: the run's last)."""
+    train, evals = _with_open_window(records.get("train", []), open_window), records.get("eval", [])
     signs = [s for s in (_accuracy_gap(train, evals), _loss_rise(train, evals)) if s]
     if not signs:
         return None
@@ -79,10 +101,14 @@ def memorisation_warning(records: Mapping[str, Sequence[Mapping]], augmented: bo
     )
 
 
-def check_memorised(metrics: Path, resolved: Mapping[str, Any], pretrained: str | None) -> dict[str, str]:
+def check_memorised(
+    metrics: Path, resolved: Mapping[str, Any], pretrained: str | None, open_window: Mapping[str, Any] | None = None
+) -> dict[str, str]:
     """``{"warning": line}`` for the summary of a run (its ``metrics.jsonl``; ``resolved``: what it resolved to,
-    ``augment`` included) that memorised, the line printed; ``{}`` otherwise. Main process only."""
-    warning = memorisation_warning(read_metrics(metrics), bool(resolved.get("augment")), pretrained is not None)
+    ``augment`` included; ``open_window``: as for :func:`memorisation_warning`) that memorised, the line printed;
+    ``{}`` otherwise. Main process only."""
+    augmented = bool(resolved.get("augment"))
+    warning = memorisation_warning(read_metrics(metrics), augmented, pretrained is not None, open_window)
     if warning is None:
         return {}
     print(f"warning: {warning}", file=sys.stderr, flush=True)

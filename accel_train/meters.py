@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +48,14 @@ class Window:
     def reduce(self, acc) -> list[float]:
         """Global sums over all ranks (collective)."""
         return acc.reduce(self.sums.clone(), reduction="sum").tolist()
+
+    def record(self, acc, step: int) -> dict[str, float] | None:
+        """The window as a train record at ``step`` (``loss`` left out when not finite), None when it holds no
+        sample (the last step was logged); collective, like :meth:`reduce`."""
+        loss, correct, seen = self.reduce(acc)
+        if seen <= 0:
+            return None
+        return {"step": step, "accuracy": correct / seen, **({"loss": loss / seen} if math.isfinite(loss) else {})}
 
     def restore(self, sums: list[float] | None, is_main: bool) -> None:
         self.sums.zero_()

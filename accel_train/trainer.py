@@ -1,9 +1,8 @@
 """The training loop as a ``Trainer``: ``run`` drives ``train_epoch`` (one ``step`` per micro-batch), ``evaluate``
 and ``checkpoint``.
 
-Written once against ``accelerate.Accelerator``; the launcher and its config decide
-whether it runs on one CPU, one GPU, DataParallel, DDP or many machines. Everything
-is built by :func:`accel_train.build.build_trainer`; the trainer only runs.
+Written once against ``accelerate.Accelerator``; the launcher and its config decide whether it runs on one CPU, one
+GPU, DataParallel, DDP or many machines. :func:`accel_train.build.build_trainer` builds it all; the trainer only runs.
 """
 
 from __future__ import annotations
@@ -477,11 +476,12 @@ class Trainer:
             "peak_memory_mb": _peak_memory_mb(acc.device),  # since training began (set-up's peaks are not in it)
             "peak_reserved_memory_mb": _peak_memory_mb(acc.device, reserved=True),
         }
+        open_window = self.window.record(acc, state.global_step)  # steps no train record holds; every rank
         if rt.is_main:
-            self._write_results(summary, final["confusion"])
+            self._write_results(summary, final["confusion"], open_window)
         return summary
 
-    def _write_results(self, summary: dict[str, Any], confusion: torch.Tensor) -> None:
+    def _write_results(self, summary: dict[str, Any], confusion: torch.Tensor, open_window: dict | None) -> None:
         """The confusion matrix and plots, then summary.json, last: it marks the run finished (``--resume auto``
         then touches nothing), so a run killed before it is finished again, not left without its plots."""
         out, names = self.run_dir.path, self.info.class_names
@@ -491,7 +491,7 @@ class Trainer:
 
             plot_curves(out)
             plot_confusion_matrix(confusion.numpy(), names, out / CONFUSION_PNG)
-        summary.update(check_memorised(self.run_dir.metrics, self.meta["resolved"], self.cfg.pretrained))
+        summary.update(check_memorised(self.run_dir.metrics, self.meta["resolved"], self.cfg.pretrained, open_window))
         write_json_atomic(out / SUMMARY, summary, "the run summary")
         self.run_dir.commit_replace()
         self.rt.print(

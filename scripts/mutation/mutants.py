@@ -58,6 +58,7 @@ def _m(name: str, promise: str, file: str, old: str, new: str, *tests: str, equi
 
 
 T_PROMISES = "tests/integration/test_promises_runs.py"
+T_DEFAULTS_RUNS = "tests/integration/test_defaults_runs.py"
 # fmt: off
 MUTANTS: tuple[Mutant, ...] = (
     # ---- unwrapping and export -------------------------------------------------------------------------------------
@@ -135,6 +136,11 @@ MUTANTS: tuple[Mutant, ...] = (
        "drop_to_multiple_of=plan.global_batch,", "drop_to_multiple_of=plan.micro_batch,",
        "tests/integration/test_trainer_runs.py::test_an_epoch_is_whole_global_batches_under_accumulation",
        "tests/integration/test_data_e2e.py::test_global_batch_gives_the_same_weights_on_every_setup"),
+    # issue 49: the default recipe's least steps (defaults.py: 500 optimizer steps) counted in micro-batches: with
+    # 2 accumulation steps a small folder's default run took 252 optimizer steps
+    _m("least-steps-count-micro-batches", "global batch and accumulation", "build.py",
+       "picked.epochs(cfg.epochs, steps_per_epoch)", "picked.epochs(cfg.epochs, len(train_dl))",
+       f"{T_DEFAULTS_RUNS}::test_the_least_steps_are_optimizer_steps_under_accumulation"),
     # ---- distributed evaluation ------------------------------------------------------------------------------------
     _m("eval-counts-padded-samples", "distributed evaluation", "evaluation.py",
        "acc.gather_for_metrics((preds, labels, losses))", "acc.gather((preds, labels, losses))",
@@ -160,9 +166,17 @@ MUTANTS: tuple[Mutant, ...] = (
        '        export_weights(state_dict, out_dir, self.meta["model_config"])\n',
        f"{T_PROMISES}::test_only_rank_0_writes_the_run_files"),
     _m("summary-on-every-rank", "main-process writes", "trainer.py",
-       '        if rt.is_main:\n            self._write_results(summary, final["confusion"])\n',
-       '        self._write_results(summary, final["confusion"])\n',
+       '        if rt.is_main:\n            self._write_results(summary, final["confusion"], open_window)\n',
+       '        self._write_results(summary, final["confusion"], open_window)\n',
        f"{T_PROMISES}::test_only_rank_0_writes_the_run_files"),
+    # issue 49: summary.json, config.yaml and the other text files renamed into place before their data is on disk
+    # (a machine's crash can leave them empty under their final names)
+    _m("atomic-text-not-synced", "main-process writes", "fsio.py",
+       "            os.fsync(fh.fileno())\n", "",
+       "tests/unit/test_fsio.py::test_atomic_writes_are_synced_before_the_rename"),
+    _m("atomic-text-synced-before-flush", "main-process writes", "fsio.py",
+       "            fh.flush()\n            os.fsync(fh.fileno())\n", "            os.fsync(fh.fileno())\n",
+       "tests/unit/test_fsio.py::test_atomic_writes_are_synced_before_the_rename"),
     # ---- run-folder replacement ------------------------------------------------------------------------------------
     _m("overwrite-discards-before-first-checkpoint", "run-folder replacement", "run_dir.py",
        "                self._stage()\n", "                self._stage()\n                self.commit_replace()\n",
@@ -244,6 +258,17 @@ MUTANTS: tuple[Mutant, ...] = (
        "early = self._evaluate_in_training()",
        "tests/integration/test_train_records.py::"
        "test_a_step_that_ends_an_epoch_on_the_eval_every_schedule_is_evaluated_once_even_across_a_resume"),
+    # issue 49: the end-of-run memorisation warning, which judges a run by its evaluations. Without the absolute
+    # gap, 100% in training vs 99% in evaluation (twice the error) warns
+    _m("memorisation-gap-without-floor", "best and early stopping", "memorisation.py",
+       "train_acc is None or eval_acc is None or train_acc - eval_acc < GAP:", "train_acc is None or eval_acc is None:",
+       "tests/unit/test_defaults.py::test_a_near_perfect_run_is_not_memorisation"),
+    # a run shorter than --log-every logs no train record: without the open window, nothing is judged
+    _m("memorisation-ignores-the-open-window", "best and early stopping", "memorisation.py",
+       'train, evals = _with_open_window(records.get("train", []), open_window), records.get("eval", [])',
+       'train, evals = records.get("train", []), records.get("eval", [])',
+       "tests/unit/test_defaults.py::test_the_steps_after_the_last_train_record_count_as_the_last_window",
+       f"{T_DEFAULTS_RUNS}::test_a_memorising_run_shorter_than_log_every_still_warns"),
     # ---- retention -------------------------------------------------------------------------------------------------
     _m("keep-last-keeps-one-more", "retention", "checkpoint/state.py",
        "ckpts[: max(0, len(ckpts) - keep_last)]", "ckpts[: max(0, len(ckpts) - keep_last - 1)]",
@@ -265,6 +290,17 @@ MUTANTS: tuple[Mutant, ...] = (
        "keyed_bits(self.keys.seed, self.keys.epoch, indices, per_sample,",
        "keyed_bits(self.keys.seed, self.keys.epoch, torch.arange(x.shape[0], device=x.device), per_sample,",
        "tests/unit/test_features.py::test_keyed_dropout_masks_follow_the_sample_not_the_batch"),
+    # issue 49: training and accel-predict read the same pixels from the user's files (data/pixels.py): a dark
+    # 16-bit image (its values under 256) read as 8-bit, 150 of 65535 becoming 150 of 255
+    _m("dark-16-bit-read-as-8-bit", "parity", "data/pixels.py",
+       "if arr.dtype == np.uint16 or high > 255:", "if high > 255:",
+       "tests/unit/test_pixels.py::test_a_dark_16_bit_png_keeps_the_16_bit_scale"),
+    # a 16-bit image converted by PIL's convert("L"): clipped at 255, most of it white, a dark one read as 8-bit
+    _m("16-bit-converted-as-8-bit", "parity", "data/pixels.py",
+       'WIDE_GRAY_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N", "I", "F"})',
+       'WIDE_GRAY_MODES = frozenset({"I;16L", "I;16B", "I;16N", "I", "F"})',
+       "tests/unit/test_pixels.py::test_a_dark_16_bit_png_keeps_the_16_bit_scale",
+       "tests/unit/test_pixels.py::test_a_16_bit_png_is_scaled_not_clipped"),
     # ---- fine-tuning weights ---------------------------------------------------------------------------------------
     # a backbone tensor the file lacks stays random, trains as if pretrained, and is named as part of the new head
     _m("pretrained-missing-tensor-left-fresh", "fine-tuning weights", "models/pretrained.py",

@@ -80,3 +80,41 @@ def test_a_resume_keeps_what_the_first_attempt_chose(shapes, tmp_path, monkeypat
     assert again["resolved"]["total_steps"] == 501
     resume = [m for m in metrics(out) if m["event"] == "resume"]
     assert len(resume) == 1 and resume[0]["changed"] == {}
+
+
+@pytest.mark.parametrize(
+    "batching",
+    [["--batch-size", "4", "--grad-accum-steps", "2"], ["--global-batch-size", "8", "--max-device-batch", "4"]],
+    ids=["grad-accum-steps", "max-device-batch"],
+)
+def test_the_least_steps_are_optimizer_steps_under_accumulation(tmp_path, batching):
+    """48 images at a global batch of 8 as 2 micro-batches of 4: 6 optimizer steps an epoch (12 micro-batches). The
+    default length is at least 500 optimizer steps: 84 epochs, 504 steps, as the start lines say and config.yaml
+    records (counted in micro-batches: 42 epochs, 252 steps). Stopped at step 1: the plan is what is checked; the
+    trainer takes its total_steps (test_trainer_runs.py)."""
+    root = write_shapes_folder(tmp_path / "tiny", per_class=16, test_per_class=2, size=8, seed=0)
+    out = tmp_path / "run"
+    args = ["--dataset", f"imagefolder:{root}", "--image-size", "8", *batching, "--output-dir", str(out), *FAST]
+    proc = check(run_here("train.py", *args, "--stop-at-step", "1"))
+    resolved = yaml.safe_load((out / "config.yaml").read_text())["resolved"]
+    assert (resolved["accum_steps"], resolved["global_batch"], resolved["steps_per_epoch"]) == (2, 8, 6), resolved
+    epochs = resolved["defaults"]["epochs"]
+    assert resolved["total_steps"] == epochs * 6 >= defaults.MIN_STEPS > (epochs - 1) * 6  # no more than needed
+    chose = [line for line in proc.stdout.splitlines() if "defaults for your data" in line]
+    assert len(chose) == 1 and f"--epochs {epochs} ({epochs * 6} steps: at least 500)" in chose[0], proc.stdout
+    assert f"{epochs * 6} steps (6/epoch)" in proc.stdout
+
+
+def test_a_memorising_run_shorter_than_log_every_still_warns(tmp_path):
+    """The memorising run above with --log-every longer than the run: no train record is logged, and the warning
+    is still given, judged on the training figures of all its steps."""
+    root = write_shapes_folder(tmp_path / "tiny", per_class=16, test_per_class=8, size=32, seed=1)
+    out = tmp_path / "run"
+    args = ["--dataset", f"imagefolder:{root}", "--model", "lenet", "--no-augment", "--epochs", "40"]
+    proc = check(
+        run_here("train.py", *args, "--batch-size", "16", "--log-every", "100000", "--output-dir", str(out), *FAST)
+    )
+    assert not [m for m in metrics(out) if m["event"] == "train"]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith(MEMORISED)]
+    assert len(lines) == 1 and "training accuracy" in lines[0], proc.stderr
+    assert lines[0] == f"warning: {summary(out)['warning']}"

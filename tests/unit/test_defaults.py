@@ -164,3 +164,28 @@ def test_either_sign_alone_is_enough():
     # the same rise while the training loss rose too is a diverging run, not memorisation
     diverging = _records([(5, 0.5, 0.7), (30, 0.9, 0.7)], [(5, 0.4, 0.8), (15, 0.6, 0.8), (30, 1.0, 0.8)])
     assert memorisation_warning(diverging, False, False) is None
+
+
+def test_a_near_perfect_run_is_not_memorisation():
+    """The gap needs its absolute floor as well as the error ratio: 100% in training and 99% in evaluation is 2x the
+    error (and infinitely more) but a run that learnt the task; so are 98% vs 95% and 100% vs 80%."""
+    for train_acc, eval_acc in ((1.0, 0.99), (0.98, 0.95), (1.0, 0.8)):
+        near = _records([(10, 0.5, 0.6), (100, 0.02, train_acc)], [(50, 0.3, 0.9), (100, 0.1, eval_acc)])
+        assert memorisation_warning(near, augmented=True, pretrained=False) is None, (train_acc, eval_acc)
+    assert "training accuracy 1.00 vs evaluation accuracy 0.37" in memorisation_warning(MEMORISED, True, False)
+
+
+def test_the_steps_after_the_last_train_record_count_as_the_last_window():
+    """--log-every longer than the run: no train record at all; the trainer's open window (all the steps) is
+    judged. After a record, the open window counts only when it holds at least as many steps as the last logged
+    window: one step left over after step 120 of --log-every 10 does not replace the last ten."""
+    evals = [(3, 1.17, 0.3), (120, 5.37, 0.37)]
+    whole_run = {"step": 120, "loss": 0.3, "accuracy": 0.9}
+    assert memorisation_warning(_records([], evals), False, False) is None  # nothing to compare with
+    line = memorisation_warning(_records([], evals), False, False, open_window=whole_run)
+    assert "training accuracy 0.90 vs evaluation accuracy 0.37" in line
+    logged = _records([(110, 1.0, 0.5), (120, 0.9, 0.55)], evals)  # learnt little: 55% vs 37% of three classes
+    one_step = {"step": 121, "loss": 0.0, "accuracy": 1.0}
+    assert memorisation_warning(logged, False, False, open_window=one_step) is None
+    stale = _records([(10, 1.0, 0.5)], evals)  # a first attempt's record, then a resume with a longer --log-every
+    assert "training accuracy 0.90" in memorisation_warning(stale, False, False, open_window=whole_run)

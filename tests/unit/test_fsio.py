@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -27,3 +29,39 @@ def test_atomic_writes_and_exports_follow_the_umask(tmp_path, umask):
     ):
         assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+@pytest.mark.parametrize("writer", ["text", "json"])
+def test_atomic_writes_are_synced_before_the_rename(tmp_path, monkeypatch, writer):
+    """The temporary is flushed and fsynced before it is renamed into place: otherwise a crash of the machine can
+    leave summary.json (config.yaml, a checkpoint's progress.json) empty under its final name. The calls are
+    recorded in order, the synced file's content read at the moment of the fsync."""
+    from accel_train import fsio
+
+    calls = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        calls.append(("fsync", path, Path(path).read_text(encoding="utf-8")))
+        real_fsync(fd)
+
+    def replace(src, dst, **kwargs):
+        calls.append(("replace", os.path.realpath(src), os.path.realpath(dst)))
+        real_replace(src, dst, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    target = tmp_path / "summary.json"
+    target.write_text("old")
+    if writer == "text":
+        fsio.write_text_atomic(target, "new text")
+        expected = "new text"
+    else:
+        fsio.write_json_atomic(target, {"a": 1})
+        expected = json.dumps({"a": 1}, indent=2)
+    assert [c[0] for c in calls] == ["fsync", "replace"], calls
+    (_, synced, content), (_, src, dst) = calls
+    assert synced == src and dst == os.path.realpath(target)  # the temporary, then renamed onto the target
+    assert content == expected  # the whole text was in the file (flushed) when it was synced
+    assert target.read_text() == expected

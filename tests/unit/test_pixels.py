@@ -47,6 +47,20 @@ def test_a_folder_of_16_bit_images_trains_and_predicts_on_the_same_pixels(tmp_pa
     assert torch.equal(predicted[0], torch.from_numpy(np.array(to_8bit(Image.open(tmp_path / "imgs/light/0.png")))))
 
 
+def test_a_dark_16_bit_png_keeps_the_16_bit_scale(tmp_path):
+    """A 16-bit image is read on its own scale, 65535 white, however dark: values 0..300 of 65535 are 0..1 of 255,
+    not 0..255 as if 8-bit (nor clipped at 255 as PIL's convert("L") does), and the same image 200 times as bright
+    reads 200 times as bright. Read from real files with the functions training and accel-predict decode them by."""
+    dark = (np.arange(16 * 16, dtype=np.uint32).reshape(16, 16) * 300 // 255).astype(np.uint16)  # 0 .. 300
+    for name, array in (("dark", dark), ("darker", dark // 2), ("bright", dark * 200)):  # darker: 0 .. 150
+        expected = ((array.astype(np.uint32) * 255 + 32767) // 65535).astype(np.uint8)  # v * 255 / 65535, rounded
+        with Image.open(_save16(tmp_path / f"{name}.png", array)) as image:
+            assert np.array_equal(np.asarray(to_8bit(image)), expected), name
+            assert torch.equal(image_to_chw(image, 1, 16)[0], torch.from_numpy(expected)), name
+            assert torch.equal(image_to_chw(image, 3, 16)[2], torch.from_numpy(expected)), name
+        assert int(expected.max()) == {"dark": 1, "darker": 1, "bright": 233}[name]  # dark stays dark
+
+
 def test_float_and_32_bit_images_are_read_by_their_range_or_refused():
     unit = Image.fromarray(np.linspace(0, 1, 256, dtype=np.float32).reshape(16, 16), mode="F")
     assert np.asarray(to_8bit(unit)).max() == 255 and np.asarray(to_8bit(unit)).min() == 0
