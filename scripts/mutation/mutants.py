@@ -28,6 +28,7 @@ PROMISES = (
     "ONNX check",
     "tracker runs",
     "socket interface",
+    "data you can trust",
 )
 
 
@@ -58,6 +59,8 @@ def _m(name: str, promise: str, file: str, old: str, new: str, *tests: str, equi
 
 
 T_PROMISES = "tests/integration/test_promises_runs.py"
+T_IDENTITY = "tests/unit/test_data_identity.py"
+T_FOLDER_INDEX = "tests/unit/test_folder_index.py"
 T_DEFAULTS_RUNS = "tests/integration/test_defaults_runs.py"
 # fmt: off
 MUTANTS: tuple[Mutant, ...] = (
@@ -328,6 +331,72 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("empty-socket-ifname-is-a-choice", "socket interface", "netif.py",
        "for k in SOCKET_IFNAME_VARS if env.get(k))", "for k in SOCKET_IFNAME_VARS if k in env)",
        "tests/unit/test_netif.py::test_an_empty_socket_ifname_is_no_choice_of_the_users"),
+    # ---- data you can trust (issue 49): a run trains on exactly the data it names; a cache only saves time ---------
+    # an image rewritten in place with its time set back (cp -p) read with the facts of the old one
+    _m("folder-cache-key-without-ctime", "data you can trust", "data/folder_index.py",
+       "(path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)",
+       "(path, st.st_size, st.st_mtime_ns, 0, st.st_ino)",
+       f"{T_FOLDER_INDEX}::test_a_file_overwritten_in_place_is_another_cache_key"),
+    # facts cached for one file list read for another (images added, the folder's time restored)
+    _m("folder-cache-key-without-the-file-list", "data you can trust", "data/folder_index.py",
+       "\"files\": scan.stamp.hexdigest()}",
+       "\"files\": \"\"}",
+       f"{T_FOLDER_INDEX}::test_the_file_list_is_listed_at_every_launch_and_the_facts_follow_it"),
+    # images in folders below a class folder left out
+    _m("nested-folders-not-walked", "data you can trust", "data/folder_index.py",
+       "            self.walk(os.path.join(top, name), prefix + name)\n",
+       "            pass\n",
+       f"{T_FOLDER_INDEX}::test_index_is_torchvisions_imagefolder"),
+    # a class folder linked into another: the same images under two labels
+    _m("class-linked-into-another-read-twice", "data you can trust", "data/folder_index.py",
+       "        if real in self.seen:\n",
+       "        if False:\n",
+       f"{T_IDENTITY}::test_a_class_folder_linked_into_another_is_refused"),
+    # a file touched in place (same size) is not a change to a resume
+    _m("identity-without-mtimes", "data you can trust", "data/identity.py",
+       "(index.offsets, index.blob, index.labels, index.sizes, index.mtimes)",
+       "(index.offsets, index.blob, index.labels, index.sizes)",
+       f"{T_IDENTITY}::test_a_modification_time_alone_is_a_change"),
+    # F/{a,b}/ beside F/test/: a third class named test
+    _m("split-folder-beside-classes-read-as-a-class", "data you can trust", "data/folder.py",
+       "    return _check_classes(root, exclude=frozenset(TEST_DIR_NAMES))",
+       "    return _check_classes(root)",
+       f"{T_IDENTITY}::test_class_folders_beside_a_test_folder_are_the_training_split"),
+    # a class folder of .HEIC photos dropped without a word
+    _m("non-images-dropped-silently", "data you can trust", "data/folder.py",
+       "        + _skipped_note(root, *([train_index, test_index] if split_layout else [train_index]))\n",
+       "",
+       "tests/unit/test_data_formats.py::test_imagefolder_leaves_out_other_files_in_one_line"),
+    # a cut .npz or a .json holding a list: a traceback on every run
+    _m("damaged-cache-file-a-traceback", "data you can trust", "data/index_cache.py",
+       "    except Exception as exc:  # noqa: BLE001 - any unreadable entry (a cut zip, a JSON list, ...) is rebuilt",
+       "    except OSError as exc:  # noqa: BLE001 - any unreadable entry (a cut zip, a JSON list, ...) is rebuilt",
+       f"{T_FOLDER_INDEX}::test_a_damaged_cache_file_is_rebuilt_with_one_line"),
+    # --label-column other read with the first column's labels from the cache
+    _m("shard-cache-key-without-label-column", "data you can trust", "data/shard_index.py",
+       "    key |= {\"image_column\": image_column, \"label_column\": label_column}\n",
+       "    key |= {\"image_column\": image_column}\n",
+       f"{T_IDENTITY}::test_the_shard_cache_is_keyed_by_the_label_column"),
+    # two train shards listing the ClassLabel names in other orders, read by position
+    _m("train-shards-labelled-by-position", "data you can trust", "data/shard_index.py",
+       "        if names is not None:  # by name, never by position",
+       "        if False:  # by name, never by position",
+       f"{T_IDENTITY}::test_train_shards_that_list_names_in_other_orders_are_matched_by_name"),
+    # test shards holding a subset of the classes labelled with train's map
+    _m("test-shards-labelled-by-the-training-map", "data you can trust", "data/shards.py",
+       "test_ds = ShardDataset(test or train, channels, size, test_rows, maps[-1])",
+       "test_ds = ShardDataset(test or train, channels, size, test_rows, maps[0])",
+       f"{T_IDENTITY}::test_test_shards_are_labelled_by_their_own_classlabel_names"),
+    # eval.py on flat shards scores the rows the run trained on
+    _m("eval-on-shards-scores-training-rows", "data you can trust", "data/shards.py",
+       "cfg.val_split, cfg.seed)[1].numpy()",
+       "cfg.val_split, cfg.seed)[0].numpy()",
+       f"{T_IDENTITY}::test_eval_on_flat_shards_scores_the_rows_training_held_out"),
+    # two machines' caches (or contents) differ: a parameter-shape traceback inside DDP
+    _m("ranks-compare-only-the-file-list", "data you can trust", "build.py",
+       "    mine = (splits.extra.get(\"index_digest\"), repr(shape))",
+       "    mine = (splits.extra.get(\"index_digest\"), \"\")",
+       f"{T_FOLDER_INDEX}::test_ranks_that_index_other_files_are_refused"),
 )
 # fmt: on
 
