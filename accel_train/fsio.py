@@ -150,7 +150,8 @@ def current_umask() -> int:
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], Any], what: str = "file") -> None:
-    """``write(tmp_path)`` next to ``path``, then rename it into place; nothing half-written is ever visible.
+    """``write(tmp_path)`` next to ``path``, synced, then renamed into place; nothing half-written is ever visible,
+    even after a machine's crash.
 
     The file gets the mode of a plain ``open(path, "w")``: 0666 less the umask (``mkstemp`` makes 0600).
     """
@@ -160,12 +161,21 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], Any], what: str
         os.close(fd)
         try:
             write(tmp)
+            _sync(tmp)  # on disk before its name is: a crash never leaves an empty file under the final name
             os.chmod(tmp, 0o666 & ~current_umask())
             with WRITE_GUARD:
                 os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+
+
+def _sync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def remove_temporaries(folder: str | os.PathLike, names: Collection[str] | None = None) -> list[Path]:
@@ -192,8 +202,6 @@ def write_text_atomic(path: str | os.PathLike, text: str, what: str = "file") ->
     def dump(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
 
     atomic_write(path, dump, what)
 

@@ -31,11 +31,11 @@ def test_atomic_writes_and_exports_follow_the_umask(tmp_path, umask):
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
 
-@pytest.mark.parametrize("writer", ["text", "json"])
+@pytest.mark.parametrize("writer", ["text", "json", "export"])
 def test_atomic_writes_are_synced_before_the_rename(tmp_path, monkeypatch, writer):
-    """The temporary is flushed and fsynced before it is renamed into place: otherwise a crash of the machine can
-    leave summary.json (config.yaml, a checkpoint's progress.json) empty under its final name. The calls are
-    recorded in order, the synced file's content read at the moment of the fsync."""
+    """The temporary is written, closed and fsynced before it is renamed into place: otherwise a crash of the
+    machine can leave summary.json (config.yaml, a checkpoint's progress.json, an export) empty under its name.
+    The calls are recorded in order, the synced file's content read at the moment of the fsync."""
     from accel_train import fsio
 
     calls = []
@@ -57,6 +57,9 @@ def test_atomic_writes_are_synced_before_the_rename(tmp_path, monkeypatch, write
     if writer == "text":
         fsio.write_text_atomic(target, "new text")
         expected = "new text"
+    elif writer == "export":  # what weight exports, ONNX files and eval.py's report are written with
+        fsio.atomic_write(target, lambda tmp: Path(tmp).write_text("exported", encoding="utf-8"))
+        expected = "exported"
     else:
         fsio.write_json_atomic(target, {"a": 1})
         expected = json.dumps({"a": 1}, indent=2)
