@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+from array import array as int64s
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +34,7 @@ from accel_train.data.pixels import to_mode_and_size
 from accel_train.errors import UserError
 
 INDEX_KIND = "imagefolder"
+STAT_FIELDS = ("st_size", "st_mtime_ns", "st_ctime_ns", "st_ino")  # what the cache is keyed by, with the paths
 SKIPPED_EXAMPLES = 3  # files that are not images, named per folder in the builder's line
 
 
@@ -86,67 +89,60 @@ class FolderIndex:
 
 
 class _Scan:
-    """One listing of a folder of classes: what each file is, and every folder's real path (a folder reachable
+    """One listing of a folder of classes, in bytes (any name works): each image file's path, size, modification
+    and change time and inode, the files that are not images, and every folder's real path (a folder reachable
     twice is refused)."""
 
     def __init__(self, extensions: frozenset[str]):
-        self.extensions = extensions
+        self.extensions = frozenset(os.fsencode(e) for e in extensions)
         self.files: list[bytes] = []
-        self.sizes: list[int] = []
-        self.mtimes: list[int] = []
-        self.newest = 0  # the latest modification time (ns): content this recent is not cached yet
-        self.stamp = hashlib.sha256()  # what the facts are keyed by: each file's path, size, mtime, ctime, inode
+        self.fields = {name: int64s("q") for name in STAT_FIELDS}  # 8 bytes a file each, not a Python int
         self.skipped: Counter = Counter()
         self.skipped_examples: list[str] = []
-        self.seen: dict[str, str] = {}  # real path -> the folder (relative) it was reached as
+        self.seen: dict[bytes, str] = {}  # real path -> the folder (relative) it was reached as
 
-    def walk(self, top: str, rel: str) -> None:
+    def walk(self, top: bytes, rel: bytes) -> None:
         """Append the image files under ``top`` (relative paths, sorted)."""
         real = os.path.realpath(top)
         if real in self.seen:
-            first = self.seen[real]
-            two = " under two classes" if first.split("/")[0] != rel.split("/")[0] else ""
+            first, again = self.seen[real], os.fsdecode(rel)
+            two = " under two classes" if first.split("/")[0] != again.split("/")[0] else ""
             raise UserError(
-                f"{first!r} and {rel!r} in {os.path.dirname(top[: len(top) - len(rel)] or '.')} are one folder (one "
+                f"{first!r} and {again!r} in {os.fsdecode(top[: len(top) - len(rel) - 1])} are one folder (one "
                 f"links to the other): its images would be read twice{two}; remove the link, or copy the images"
             )
-        self.seen[real] = rel
-        subdirs, names = [], []
+        self.seen[real] = os.fsdecode(rel)
+        subdirs, images = [], []
         try:
             entries = list(os.scandir(top))
         except OSError as exc:
-            raise UserError(f"cannot list {top}: {exc.strerror or exc}; check its permissions") from None
+            raise UserError(f"cannot list {os.fsdecode(top)}: {exc.strerror or exc}; check its permissions") from None
         for entry in entries:
             name = entry.name
-            if name.startswith("."):
+            if name[:1] == b".":
                 continue
             if entry.is_dir():  # follows links, as torchvision's os.walk(followlinks=True)
                 subdirs.append(name)
                 continue
-            ext = os.path.splitext(name)[1].lower()
+            dot = name.rfind(b".")
+            ext = name[dot:].lower() if dot > 0 else b""
             if ext in self.extensions:
-                names.append(entry)
+                images.append(entry)
             elif entry.is_file():
-                self.skipped[ext or "(no extension)"] += 1
+                self.skipped[os.fsdecode(ext) or "(no extension)"] += 1
                 if len(self.skipped_examples) < SKIPPED_EXAMPLES:
-                    self.skipped_examples.append(f"{rel}/{name}")
-        prefix = rel + "/"
-        names.sort(key=lambda e: e.name)
-        stamp = []
-        for entry in names:
-            try:
-                st = entry.stat()  # follows links: the file the index reads
-            except OSError as exc:
-                raise UserError(f"cannot read {entry.path}: {exc.strerror or exc}; check it") from None
-            path = os.fsencode(prefix + entry.name)
-            self.files.append(path)
-            self.sizes.append(st.st_size)
-            self.mtimes.append(st.st_mtime_ns)
-            self.newest = max(self.newest, st.st_mtime_ns)
-            stamp.append(b"%s\0%d\0%d\0%d\0%d\0" % (path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
-        self.stamp.update(b"".join(stamp))
+                    self.skipped_examples.append(os.fsdecode(rel + b"/" + name))
+        images.sort(key=attrgetter("name"))
+        try:
+            stats = [entry.stat() for entry in images]  # follows links: the file the index reads
+        except OSError as exc:
+            raise UserError(f"cannot read {os.fsdecode(exc.filename or top)}: {exc.strerror or exc}") from None
+        for name, values in self.fields.items():
+            values.extend([getattr(st, name) for st in stats])
+        prefix = rel + b"/"
+        self.files.extend([prefix + entry.name for entry in images])
         for name in sorted(subdirs):
-            refuse_loop(top, name, real)
+            refuse_loop(os.fsdecode(top), os.fsdecode(name), os.fsdecode(real))
             self.walk(os.path.join(top, name), prefix + name)
 
 
@@ -161,24 +157,28 @@ def _top_folders(root: Path, exclude: frozenset[str]) -> list[str]:
 
 def index_folder(root: Path, extensions: frozenset[str], exclude: frozenset[str] = frozenset()) -> FolderIndex:
     """The index of ``root`` as it is now (its class subfolders, less those named in ``exclude``), with the
-    cache entry its facts are recorded in."""
+    cache entry its facts are recorded in: keyed by every file's path, size, modification and change time and
+    inode, so facts of other content are never read."""
     scan = _Scan(extensions)
     labels = []
     classes = _top_folders(root, exclude)
     for label, name in enumerate(classes):
         before = len(scan.files)
-        scan.walk(str(root / name), name)
+        scan.walk(os.fsencode(str(root / name)), os.fsencode(name))
         labels.append(np.full(len(scan.files) - before, label, dtype=np.int64))
     blob, offsets = index_cache.join_blob(scan.files)
     label_array = np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64)
-    scan.stamp.update(b"\0".join(os.fsencode(c) for c in classes) + label_array.tobytes())
-    key = {"root": repr(str(root)), "extensions": sorted(extensions), "files": scan.stamp.hexdigest()}  # repr: bytes
+    fields = {name: np.frombuffer(values, dtype=np.int64) for name, values in scan.fields.items()}
+    stamp = hashlib.sha256(b"\0".join(os.fsencode(c) for c in classes))
+    for array in (blob, offsets, label_array, *fields.values()):
+        stamp.update(array.tobytes())
+    key = {"root": repr(str(root)), "extensions": sorted(extensions), "files": stamp.hexdigest()}  # repr: bytes
     entry = index_cache.load(INDEX_KIND, key, with_arrays=False)
     if entry is None:
-        entry = index_cache.store(INDEX_KIND, key, {}, trusted=index_cache.settled(scan.newest))
-    sizes, mtimes = (np.asarray(v, dtype=np.int64) for v in (scan.sizes, scan.mtimes))
-    return FolderIndex(root, classes, blob, offsets, label_array, sizes, mtimes, entry, scan.skipped,
-                       scan.skipped_examples)  # fmt: skip
+        newest = int(fields["st_mtime_ns"].max()) if len(blob) else 0
+        entry = index_cache.store(INDEX_KIND, key, {}, trusted=index_cache.settled(newest))
+    return FolderIndex(root, classes, blob, offsets, label_array, fields["st_size"], fields["st_mtime_ns"], entry,
+                       scan.skipped, scan.skipped_examples)  # fmt: skip
 
 
 def decode_file(path: str | Path, channels: int, size: int, out: np.ndarray | None = None) -> torch.Tensor:
