@@ -85,9 +85,7 @@ def build_trainer(
     resolved = _resolved(acc, plan, lr, total_steps, steps_per_epoch, chosen)
     resolved["augment"] = splits.extra.get("augment")  # the description: random_crop(...)+hflip, or None
     resolved["defaults"] = picked.record(cfg.epochs) if picked else _saved_defaults(resume_path)  # what, and why
-    resolved["data"] = ident.record() if ident is not None else None  # what it trains on (data.identity)
-    meta = {"model_config": _model_config(cfg, splits, pre), "config": cfg.to_dict(), "resolved": resolved}
-    meta["model_config"]["data"] = resolved["data"]  # eval.py says when the data it scores differs
+    meta = _meta(cfg, splits, pre, resolved, ident)
     state = _resume(cfg, rt, resume_path, scheduler, plan, total_steps, feats) if resume_path else TrainState()
     _open_run_folder(cfg, rt, run_dir, resume_path, resolved, ident)
     resumed = f"; resumed from {resume_path} at step {state.global_step}" if resume_path else ""
@@ -389,6 +387,14 @@ def _scheduler(cfg: TrainConfig, optimizer, total_steps: int):
     """The LR schedule the flags describe (``optim`` takes plain values, not the config)."""
     shape = (cfg.lr_schedule, cfg.warmup_steps, cfg.lr_milestones, cfg.lr_gamma, cfg.warmup_from)
     return build_scheduler(optimizer, total_steps, *shape)
+
+
+def _meta(cfg: TrainConfig, splits: DataSplits, pre, resolved: dict[str, Any], ident) -> dict[str, Any]:
+    """What every checkpoint carries: the model's config, the run's config, what this setup made of it, and
+    (``resolved["data"]``, also in the export's config.json for eval.py) what the run trains on."""
+    resolved["data"] = ident.record() if ident is not None else None  # data.identity
+    model_config = {**_model_config(cfg, splits, pre), "data": resolved["data"]}
+    return {"model_config": model_config, "config": cfg.to_dict(), "resolved": resolved}
 
 
 def _model_config(cfg: TrainConfig, splits: DataSplits, pre: PretrainedInfo | None) -> dict[str, Any]:

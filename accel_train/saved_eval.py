@@ -221,8 +221,8 @@ def run_evaluation(
         splits = _eval_data(cfg, weights, model_config, given, val_split, seed)
     trained_here = not given or _same_folder(dataset, model_config.get("dataset"))
     changed = _data_change(model_config, splits, trained_here, weights)
-    if changed and rt.is_main:
-        rt.print(f"accel_train: note: {dataset} is not the data the weights recorded: {changed}")
+    if changed:  # on stderr: the report may be what stdout holds
+        rt.warn(f"{dataset} is not the data the weights recorded: {changed}")
     metric = load_metric("accuracy")  # writes nothing, on no rank: see accel_train.metrics
     info = splits.info
     if info.num_classes != model_config["num_classes"] or info.in_channels != model_config["in_channels"]:
@@ -262,9 +262,8 @@ def _data_change(model_config: dict, splits, trained_here: bool, weights: str) -
     recorded, now = model_config.get("data"), of_splits(splits)
     if not trained_here or not isinstance(recorded, dict) or now is None or not isinstance(recorded.get("parts"), dict):
         return None
-    kept = {"test"} if now.kind == "tensors" else {"train", "test"}  # built-in data: only its test split is loaded
-    parts = tuple(sorted(set(recorded["parts"]) & set(now.parts) & kept))
-    if not parts:
+    parts = tuple(sorted(set(recorded["parts"]) & set(now.parts)))
+    if now.kind not in ("imagefolder", "shards", "hf") or not parts:  # built-in data: what its name and flags say
         return None
     here = Path(weights).expanduser().absolute()
     here = here if here.is_dir() else here.parent

@@ -123,15 +123,17 @@ def test_imagefolder_unreadable_images_through_train_script(tmp_path):
 
 
 def test_an_image_folder_gives_the_same_weights_on_two_processes_with_workers(tmp_path):
-    """Two gloo ranks, each with a DataLoader worker, on a folder both index (rank 0 first, then rank 1 reads its
-    cached index: the folder is dated an hour back, as a folder nobody touched lately), against one plain process:
-    the same global batches, so the same weights (SGD), and one cached index."""
+    """Two gloo ranks, each with a DataLoader worker, on a folder both list (rank 0 first, then rank 1 reads the
+    facts it recorded: the folder is dated an hour back, as a folder nobody touched lately), against one plain
+    process: the same global batches, so the same weights (SGD), and one cache entry per split."""
     import os
     import time
 
     root = write_image_folder(tmp_path / "folder", classes=("a", "b", "c"), per_class=24, size=16, with_splits=True)
     then = time.time() - 3600
-    for parent, _, _ in os.walk(root):
+    for parent, _, names in os.walk(root):
+        for name in names:
+            os.utime(os.path.join(parent, name), (then, then))
         os.utime(parent, (then, then))
     cache = tmp_path / "cache"
     args = ["--dataset", f"imagefolder:{root}", "--model", "lenet", "--global-batch-size", "16", "--max-steps", "6"]
@@ -145,4 +147,4 @@ def test_an_image_folder_gives_the_same_weights_on_two_processes_with_workers(tm
     check(run_here("train.py", *args, "--output-dir", str(tmp_path / "one")))
     assert summary(tmp_path / "two")["world_size"] == 2
     assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "two")) <= 1e-5
-    assert len(list(cache.glob("imagefolder/*.npz"))) == 2  # train/ and test/, indexed once each
+    assert len(list(cache.glob("imagefolder/*.json"))) == 2  # train/ and test/, their facts recorded once each
