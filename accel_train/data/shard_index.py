@@ -24,6 +24,7 @@ import json
 import os
 import re
 import tarfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -320,14 +321,22 @@ def _index_columns(files: list[Path], kind: str, image_req: str | None, label_re
 
 
 def _split_member(name: str) -> tuple[str, str]:
-    """WebDataset's naming: the key is the path up to the first dot of the file name, the extension the rest."""
+    """WebDataset's naming: the key is the path up to the first dot of the file name, the extension the rest; a
+    key with dots of its own (``img.001.png`` + ``img.001.cls``) keeps them when the last part names an image or
+    the class."""
     folder, _, base = name.rpartition("/")
     stem, dot, ext = base.partition(".")
-    return (f"{folder}/{stem}" if folder else stem), ext.lower() if dot else ""
+    ext = ext.lower()
+    if dot and ext not in TAR_IMAGES and ext != TAR_LABEL:
+        last = ext.rpartition(".")[2]
+        if last in TAR_IMAGES or last == TAR_LABEL:
+            stem, ext = base[: len(base) - len(last) - 1], last
+    return (f"{folder}/{stem}" if folder else stem), ext if dot else ""
 
 
-def _scan_tar(path: Path) -> dict[str, list]:
-    """key -> [image member, data offset, size, label text], in the order the keys first appear."""
+def _scan_tar(path: Path, skipped: Counter) -> dict[str, list]:
+    """key -> [image member, data offset, size, label text], in the order the keys first appear; the members of
+    other kinds are counted in ``skipped`` (by extension)."""
     samples: dict[str, list] = {}
     try:
         with tarfile.open(path, "r:") as tar:
@@ -342,6 +351,8 @@ def _scan_tar(path: Path) -> dict[str, list]:
                     entry[:3] = member.name, member.offset_data, member.size
                 elif ext == TAR_LABEL:
                     entry[3] = tar.extractfile(member).read(MAX_CLS_BYTES).decode("utf-8", "replace").strip()
+                else:
+                    skipped[f".{ext.rpartition('.')[2]}" if ext else "(no extension)"] += 1
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise UserError(
             f"cannot read tar shard {path}: {' '.join(str(exc).split())[:200]}; shards must be uncompressed tar "
@@ -360,9 +371,9 @@ def _tar_problem(path: Path, samples: dict[str, list]) -> str | None:
 
 
 def _index_tar(files: list[Path]):
-    starts, offsets, sizes, names, texts, group_bytes = [0], [], [], [], [], []
+    starts, offsets, sizes, names, texts, group_bytes, skipped = [0], [], [], [], [], [], Counter()
     for path in files:
-        samples = _scan_tar(path)
+        samples = _scan_tar(path, skipped)
         problem = _tar_problem(path, samples)
         if problem:
             raise UserError(f"tar shard {path}: {problem}")
@@ -380,4 +391,4 @@ def _index_tar(files: list[Path]):
     ints = {"starts": starts, "labels": codes, "offsets": offsets, "sizes": sizes, "groups": starts,
             "group_shard": range(len(files)), "group_index": [0] * len(files), "group_bytes": group_bytes}  # fmt: skip
     arrays = {k: np.asarray(v, dtype=np.int64) for k, v in ints.items()} | {"names": blob, "name_offsets": name_offsets}
-    return arrays, {"values": values, "label_kind": kind, "class_label": None}
+    return arrays, {"values": values, "label_kind": kind, "class_label": None, "skipped_members": dict(skipped)}

@@ -352,6 +352,13 @@ def _stats(dataset: ShardDataset, what: str) -> tuple[tuple[float, ...], tuple[f
 
 def _notes(root: Path, index: ShardIndex, modes: Counter, channels: int) -> list[str]:
     notes = mixed_modes_note(root, modes, channels)
+    skipped = Counter(index.facts.get("skipped_members") or {})
+    if skipped:
+        kinds = ", ".join(f"{n} {ext}" for ext, n in skipped.most_common(5))
+        notes.append(
+            f"{root}: {sum(skipped.values())} tar member(s) are neither an image nor a .cls and are not read "
+            f"({kinds}); a sample is KEY.<image extension> + KEY.cls"
+        )
     largest = int(np.diff(index.groups).max()) if len(index.groups) > 1 else 0
     if index.kind == "parquet" and largest > BIG_GROUP:
         notes.append(

@@ -329,6 +329,10 @@ MUTANTS: tuple[Mutant, ...] = (
        "for k in SOCKET_IFNAME_VARS if env.get(k))", "for k in SOCKET_IFNAME_VARS if k in env)",
        "tests/unit/test_netif.py::test_an_empty_socket_ifname_is_no_choice_of_the_users"),
     # ---- data you can trust (issue 49): a run trains on exactly the data it names; a cache only saves time ---------
+    # WebDataset keys with dots of their own (img.001.png + img.001.cls) dropped without a word
+    _m("tar-dotted-keys-dropped", "data you can trust", "data/shard_index.py",
+       "        if last in TAR_IMAGES or last == TAR_LABEL:\n", "        if False:\n",
+       f"{T_IDENTITY}::test_tar_keys_with_dots_of_their_own_are_samples_and_other_members_are_counted"),
     # an image rewritten in place with its time set back (cp -p) read with the facts of the old one
     _m("folder-cache-key-without-ctime", "data you can trust", "data/folder_index.py",
        'STAT_FIELDS = ("st_size", "st_mtime_ns", "st_ctime_ns", "st_ino")',

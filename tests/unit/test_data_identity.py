@@ -222,3 +222,24 @@ def test_shards_record_each_shard_and_name_an_added_one(tmp_path):
     _shard(root / "b.parquet", [i % 2 for i in range(16)], ["xw", "y_b"])
     change = identity.changes(record, identity.of_splits(build_dataset(DataConfig(dataset=f"shards:{root}"))))
     assert "shard(s) added (b.parquet)" in change and "16 rows then, 32 now" in change, change
+
+
+def test_tar_keys_with_dots_of_their_own_are_samples_and_other_members_are_counted(tmp_path):
+    """``img.001.png`` + ``img.001.cls`` is one sample (it was silently dropped: WebDataset's first-dot rule read
+    the key ``img`` with the extensions ``001.png``/``001.cls``); a ``.json`` beside it is named in one line."""
+    import io
+    import tarfile
+
+    from helpers_shards import write_tar
+
+    images = [png(np.full((8, 8, 3), 255 * (i % 2), np.uint8)) for i in range(16)]
+    path = write_tar(tmp_path / "d" / "a.tar", images, ["w" if i % 2 else "b" for i in range(16)],
+                     keys=[f"img.{i:03d}" for i in range(16)])  # fmt: skip
+    with tarfile.open(path, "a") as tar:
+        info = tarfile.TarInfo("img.000.json")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"{}"))
+    splits = build_dataset(DataConfig(dataset=f"shards:{tmp_path / 'd'}", val_split=0.25))
+    assert len(splits.train) + len(splits.test) == 16 and splits.info.class_names == ["b", "w"]
+    (line,) = [n for n in splits.extra["notes"] if "tar member" in n]
+    assert "1 tar member(s)" in line and "1 .json" in line, line
