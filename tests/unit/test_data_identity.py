@@ -74,9 +74,8 @@ def test_class_folders_beside_a_test_folder_are_the_training_split(tmp_path):
     splits = build_dataset(DataConfig(dataset=f"imagefolder:{root}"))
     assert splits.info.class_names == ["a", "b"] and (len(splits.train), len(splits.test)) == (8, 4)
     assert any("training split" in n for n in splits.extra["notes"])
-    for name in ("val", "valid", "validation"):
-        os.rename(root / ("test" if name == "val" else prev), root / name)
-        prev = name
+    for before, name in (("test", "val"), ("val", "valid"), ("valid", "validation")):
+        os.rename(root / before, root / name)
         assert build_dataset(DataConfig(dataset=f"imagefolder:{root}")).info.class_names == ["a", "b"], name
 
 
@@ -106,9 +105,9 @@ def test_a_split_folder_records_both_parts_and_names_a_new_class(tmp_path):
 
 
 def test_in_memory_data_is_hashed(tmp_path):
-    from accel_train.data.base import DatasetInfo, DataSplits
-
     import torch
+
+    from accel_train.data.base import DatasetInfo, DataSplits
 
     x, y = torch.zeros(10, 1, 4, 4, dtype=torch.uint8), torch.arange(10) % 2
     info = DatasetInfo("t", 2, 1, 4, ["0", "1"], (0.5,), (0.5,))
