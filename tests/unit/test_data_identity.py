@@ -83,7 +83,10 @@ def test_a_class_folder_linked_into_another_is_refused(tmp_path):
     root = write_image_folder(tmp_path / "imgs", classes=("a", "b"), per_class=4, size=8)
     os.symlink(root / "b", root / "a" / "more")
     raises_user_error(
-        lambda: build_dataset(DataConfig(dataset=f"imagefolder:{root}")), "'a/more' and 'b'", "one folder", "two classes"
+        lambda: build_dataset(DataConfig(dataset=f"imagefolder:{root}")),
+        "'a/more' and 'b'",
+        "one folder",
+        "two classes",
     )
 
 
