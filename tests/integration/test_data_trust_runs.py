@@ -13,14 +13,13 @@ import json
 import os
 import re
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from checks import assert_one_line_error, run_folder_snapshot
 from conftest import FAST, REPO, check, run_here, run_script, summary
-from datafiles import _colour_images, write_image_folder
+from datafiles import _colour_images, age, write_image_folder
 from helpers_shards import png, shard_set, write_parquet, write_shards
 
 LENET = ["--model", "lenet", "--batch-size", "4", *FAST]
@@ -47,14 +46,6 @@ def evaluate(weights: Path, *args: str, env: dict | None = None):
 def scored(weights: Path, out: Path):
     """``eval.py --weights weights --out out`` in this process, checked."""
     return check(run_here("eval.py", "--weights", str(weights), "--out", str(out)))
-
-
-def age(*roots: Path, seconds: int = OLD) -> None:
-    """Set every file and folder under ``roots`` ``seconds`` back (mtime and atime)."""
-    then = time.time_ns() - seconds * 10**9
-    for root in roots:
-        for path in [root, *Path(root).rglob("*")]:
-            os.utime(path, ns=(then, then), follow_symlinks=False)
 
 
 def model_config(run: Path) -> dict:

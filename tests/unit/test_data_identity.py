@@ -6,30 +6,21 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from checks import raises_user_error
-from datafiles import write_image_folder
+from datafiles import age, write_image_folder
 from helpers_shards import png, write_parquet
 
 from accel_train.data import DataConfig, build_dataset, identity
 from accel_train.data.shards import build_shards_eval
 
 
-def _age(root: Path, seconds: float = 3600) -> None:
-    then = time.time() - seconds
-    for parent, _, names in os.walk(root):
-        for name in names:
-            os.utime(os.path.join(parent, name), (then, then))
-        os.utime(parent, (then, then))
-
-
 def _folder(tmp_path: Path, **kw) -> Path:
     root = write_image_folder(tmp_path / "imgs", per_class=6, size=8, **kw)
-    _age(root)
+    age(root)
     return root
 
 
@@ -152,7 +143,7 @@ def test_the_shard_cache_is_keyed_by_the_label_column(tmp_path):
     the first column's labels to the second)."""
     labels = [i % 2 for i in range(24)]
     _shard(tmp_path / "d" / "data.parquet", labels, None, {"other": [1 - v for v in labels]})
-    _age(tmp_path / "d")
+    age(tmp_path / "d")
     by_label = build_dataset(DataConfig(dataset=f"shards:{tmp_path / 'd'}", val_split=0.25))
     by_other = build_dataset(DataConfig(dataset=f"shards:{tmp_path / 'd'}", val_split=0.25, label_column="other"))
     assert by_label.train.index.cache.stored

@@ -4,29 +4,18 @@ once, then read from the cache until a folder in it changes; what needs a sample
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from checks import raises_user_error
-from datafiles import undecodable_png, write_image_folder
+from datafiles import age, undecodable_png, write_image_folder
 
 from accel_train.data import DataConfig, build_dataset, folder, folder_index, images, index_cache
 from accel_train.data.folder_index import index_folder
 
 EXT = folder.IMAGE_EXTENSIONS
-
-
-def _age(root: Path, seconds: float = 3600) -> None:
-    """Date ``root`` and every file and folder under it ``seconds`` back: as a folder nobody touched lately."""
-    then = time.time() - seconds
-    os.utime(root, (then, then))
-    for parent, _, names in os.walk(root):
-        for name in names:
-            os.utime(os.path.join(parent, name), (then, then))
-        os.utime(parent, (then, then))
 
 
 def _messy_folder(root: Path) -> Path:
@@ -61,7 +50,7 @@ def test_the_file_list_is_listed_at_every_launch_and_the_facts_follow_it(tmp_pat
     """The index is what the folder holds now; its cache entry (the facts read from images) is keyed by the file
     list: a file added under a folder whose time is then restored (rsync -a, tar x, cp -p) is seen."""
     root = write_image_folder(tmp_path / "imgs", per_class=4, size=8)
-    _age(root)
+    age(root)
     first = index_folder(root, EXT)
     assert first.cache is not None and first.cache.stored
     again = index_folder(root, EXT)
@@ -69,7 +58,7 @@ def test_the_file_list_is_listed_at_every_launch_and_the_facts_follow_it(tmp_pat
     folder_time = os.stat(root / "b").st_mtime_ns
     (root / "b" / "new.png").write_bytes((root / "b" / "b_000.png").read_bytes())
     os.utime(root / "b", ns=(folder_time, folder_time))  # the folder's time restored
-    _age(root / "b" / "new.png")
+    age(root / "b" / "new.png")
     changed = index_folder(root, EXT)
     assert len(changed) == len(first) + 1 and changed.cache.path != first.cache.path
 
@@ -78,7 +67,7 @@ def test_a_file_overwritten_in_place_is_another_cache_key(tmp_path):
     """Same path, same size, the modification time set back: the change time still differs, so facts recorded
     for the old file are never read for the new one."""
     root = write_image_folder(tmp_path / "imgs", per_class=4, size=8)
-    _age(root)
+    age(root)
     target = root / "a" / "a_000.png"
     before = os.stat(target)
     first = index_folder(root, EXT)
@@ -98,7 +87,7 @@ def test_a_recent_change_is_not_cached(tmp_path):
 
 def test_a_damaged_cache_file_is_rebuilt_with_one_line(tmp_path):
     root = write_image_folder(tmp_path / "imgs", per_class=4, size=8)
-    _age(root)
+    age(root)
     cfg = DataConfig(dataset=f"imagefolder:{root}")
     first = build_dataset(cfg)
     path = index_folder(root, EXT).cache.path.with_suffix(".json")
@@ -115,7 +104,7 @@ def test_a_cache_that_cannot_be_written_costs_only_the_scan(tmp_path, monkeypatc
     monkeypatch.setenv(index_cache.CACHE_ENV, str(tmp_path / "file-not-folder"))
     (tmp_path / "file-not-folder").write_text("")
     root = write_image_folder(tmp_path / "imgs", per_class=2, size=8)
-    _age(root)
+    age(root)
     index = index_folder(root, EXT)
     assert len(index) == 6 and not index.cache.stored
 
@@ -123,7 +112,7 @@ def test_a_cache_that_cannot_be_written_costs_only_the_scan(tmp_path, monkeypatc
 def test_a_cached_launch_opens_no_image_before_training(tmp_path, monkeypatch):
     """Sizes, modes and mean/std come from the first launch's record: a resume or another rank opens nothing."""
     root = write_image_folder(tmp_path / "imgs", per_class=6, size=12, with_splits=True)
-    _age(root)
+    age(root)
     cfg = DataConfig(dataset=f"imagefolder:{root}")
     first = build_dataset(cfg)
 

@@ -5,16 +5,14 @@ local; the loader's global batches the same on 1 and 2 processes; one-line error
 from __future__ import annotations
 
 import io
-import os
 import tarfile
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from checks import raises_user_error
-from datafiles import _colour_images, undecodable_png
+from datafiles import _colour_images, age, undecodable_png
 from helpers_shards import CLASSES, png, shard_set, write_parquet, write_shards, write_tar
 
 from accel_train.data import DataConfig, build_dataset, shard_index, shards
@@ -23,15 +21,6 @@ from accel_train.data.pipeline import make_loader
 
 def _build(root: Path, **cfg):
     return build_dataset(DataConfig(dataset=f"shards:{root}", **cfg))
-
-
-def _age(root: Path, seconds: float = 3600) -> None:
-    """Date every file and folder under ``root`` ``seconds`` back: shards nobody touched lately (cacheable)."""
-    then = time.time() - seconds
-    for parent, _, names in os.walk(root):
-        for name in names:
-            os.utime(os.path.join(parent, name), (then, then))
-        os.utime(parent, (then, then))
 
 
 @pytest.mark.parametrize("kind", ["parquet", "arrow", "tar"])
@@ -140,7 +129,7 @@ def test_index_is_cached_then_made_again_when_a_shard_changes(tmp_path, monkeypa
     """A second build (a resume, another rank) reads the index, sizes and statistics from the cache without
     reading a shard; a rewritten shard is indexed again."""
     root = shard_set(tmp_path / "d", "tar", "flat")
-    _age(root)
+    age(root)
     first = _build(root)
     assert first.train.index.cache.stored
 
