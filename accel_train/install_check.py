@@ -12,10 +12,25 @@ import os
 
 from accel_train.errors import UserError
 
+#: The pair the test suite last passed with (constraints.txt says the same; tests/unit/test_install_check.py holds
+#: them together): both from PyPI, so the way out needs no other index.
+TESTED_PAIR = ("2.14.1", "0.29.1")
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 RECOVER = (
-    "install them as a pair: python3 -m pip install --force-reinstall torch torchvision --index-url "
-    "https://download.pytorch.org/whl/cpu (on a GPU machine, without --index-url), then the README's command again"
+    f"install a pair that works, from PyPI alone: python3 -m pip install --force-reinstall torch=={TESTED_PAIR[0]} "
+    f"torchvision=={TESTED_PAIR[1]} (the pair the tests last passed with); or, where {CPU_INDEX} is reachable, the "
+    f"smaller CPU builds: python3 -m pip install --force-reinstall torch torchvision --index-url {CPU_INDEX}; then "
+    "the README's command again"
 )
+
+
+def matching_torchvision(torch_version: str) -> str | None:
+    """The torchvision release built for ``torch_version`` (torch 2.N pairs with torchvision 0.(N+15)), or None."""
+    try:
+        major, minor = (int(part) for part in torch_version.split("+")[0].split(".")[:2])
+    except ValueError:
+        return None
+    return f"0.{minor + 15}" if major == 2 else None
 
 
 def check_torchvision() -> None:
@@ -40,6 +55,8 @@ def check_torchvision() -> None:
         except PackageNotFoundError:
             tv_version = "?"
         why = " ".join(str(exc).split())[:120]
+        wanted = matching_torchvision(torch.__version__)
+        built = f" (torch {torch.__version__} needs torchvision {wanted}.x from the same index)" if wanted else ""
         raise UserError(
-            f"torchvision {tv_version} does not work with torch {torch.__version__} ({why}); {RECOVER}"
+            f"torchvision {tv_version} does not work with torch {torch.__version__} ({why}){built}; {RECOVER}"
         ) from None

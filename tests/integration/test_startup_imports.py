@@ -15,6 +15,8 @@ import sys
 import pytest
 from conftest import REPO, _env
 
+from accel_train import install_check
+
 NEVER = ("evaluate", "datasets", "scipy", "pandas", "pyarrow")
 LATER = (*NEVER, "matplotlib")
 
@@ -122,4 +124,6 @@ def test_a_torchvision_that_does_not_fit_torch_is_one_line_before_anything_runs(
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "does not work with torch" in lines[0] and "--force-reinstall torch torchvision" in lines[0]
+    torch_v, vision_v = install_check.TESTED_PAIR  # a pair that works, from PyPI alone: no loop through the index
+    assert f"--force-reinstall torch=={torch_v} torchvision=={vision_v} (the pair" in lines[0], lines[0]
     assert not (tmp_path / "run").exists()
