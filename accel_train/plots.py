@@ -296,7 +296,7 @@ def plot_confusion_matrix(
     import numpy as np
 
     counts = np.asarray(matrix)
-    names = [str(c) for c in class_names]
+    names = [str(c).encode("utf-8", "backslashreplace").decode("utf-8") for c in class_names]  # any folder's bytes
     if counts.ndim != 2 or counts.shape[0] != counts.shape[1]:
         raise ValueError(f"confusion matrix must be square, got shape {counts.shape}")
     if counts.shape[0] != len(names):

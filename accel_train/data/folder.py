@@ -33,7 +33,7 @@ from torch.utils.data import Dataset
 from accel_train.data import index_cache
 from accel_train.data.augment import Augmented, CropFlip, KeyedAugment, crop_flip
 from accel_train.data.base import DataConfig, DatasetInfo, DataSplits, stratified_split
-from accel_train.data.folder_index import FileImageDataset, FolderIndex, index_folder
+from accel_train.data.folder_index import FileImageDataset, FolderIndex, index_folder, refuse_linked_twice
 from accel_train.data.identity import folder_identity
 from accel_train.data.images import DECODE_ERRORS, channels_for, check_images, mixed_modes_note
 from accel_train.data.pixels import (  # noqa: F401  (re-exported: hf.py, api.py, preprocess.py import them here)
@@ -232,10 +232,11 @@ def _skipped_note(root: Path, *indexes: FolderIndex) -> list[str]:
     known = {c for ix in indexes for c in ix.classes}
     gone = sorted({e.split("/")[0] for ix in indexes for e in ix.skipped_examples} - known)
     without = f"; class folder(s) with nothing else, left out: {', '.join(gone)}" if gone else ""
-    return [
+    line = (
         f"{root}: {total} file(s) in the class folders are not images by their extension and are left out ({kinds}; "
-        f"e.g. {', '.join(examples)}){without}; convert them to PNG/JPEG to train on them, or move them out"
-    ]
+        f"e.g. {', '.join(map(repr, examples))}){without}; convert them to PNG/JPEG to train on them, or move them out"
+    )
+    return [" ".join(line.split())]  # one line, whatever the names hold
 
 
 def imagefolder_layout(root: Path) -> tuple[str, Path]:
@@ -245,13 +246,22 @@ def imagefolder_layout(root: Path) -> tuple[str, Path]:
     root/test)``: class folders beside a test folder (they are the training split); ``("test", root/test)``: a
     test folder is the only subfolder; ``("classes", root)``: class subfolders, no split of their own.
     """
-    test_dir = next((root / n for n in TEST_DIR_NAMES if (root / n).is_dir()), None)
+    test_dir = split_folder(root, TEST_DIR_NAMES)
     if test_dir is None:
         return "classes", root
-    if (root / "train").is_dir():
+    if split_folder(root, ("train",)) is not None:
         return "split", test_dir
-    others = [name for name in _top_names(root) if name not in TEST_DIR_NAMES]
+    others = [name for name in _top_names(root) if name.lower() not in TEST_DIR_NAMES]
     return ("beside", test_dir) if others else ("test", test_dir)
+
+
+def split_folder(root: Path, names: tuple[str, ...]) -> Path | None:
+    """The subfolder of ``root`` named as the first of ``names`` that is there, in any case (``TEST/``, ``Train/``)."""
+    try:
+        found = {e.name.lower(): e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith(".")}
+    except OSError:
+        return None
+    return next((root / found[n] for n in names if n in found), None)
 
 
 def _top_names(root: Path) -> list[str]:
@@ -279,7 +289,7 @@ def _held_out(index: FolderIndex, cfg: DataConfig, root: Path) -> tuple[np.ndarr
     return train_idx.numpy(), test_idx.numpy()
 
 
-def _valid_headers(facts) -> bool:
+def valid_headers(facts) -> bool:
     try:
         return all(isinstance(n, int) for n in facts["modes"].values()) and all(len(s) == 2 for s in facts["sizes"])
     except (KeyError, TypeError, AttributeError):
@@ -291,7 +301,7 @@ def _headers(index: FolderIndex, where: Path) -> tuple[Counter, set[tuple[int, i
     with a count) up to :data:`FULL_CHECK_MAX` images, of an evenly spaced sample of headers above. Recorded with
     the index's file list, so a resume or another rank reads no image for them."""
     facts = index.cache.facts.get("headers") if index.cache else None
-    if not _valid_headers(facts):
+    if not valid_headers(facts):
         everything = len(index) <= FULL_CHECK_MAX
         rows = range(len(index)) if everything else sample_indices(len(index), SIZE_SAMPLE)
         modes, sizes = check_images((index.path(i) for i in rows), where, verify=everything)
@@ -306,7 +316,7 @@ def _stats(dataset: FileImageDataset, what: str) -> tuple[tuple[float, ...], tup
     cache = dataset.index.cache
     key = f"stats:{what}:{dataset.channels}:{dataset.size}"
     saved = cache.facts.get(key) if cache is not None else None
-    if _valid_stats(saved, dataset.channels):
+    if valid_stats(saved, dataset.channels):
         mean, std = saved
         return tuple(float(v) for v in mean), tuple(float(v) for v in std)
     mean, std = sample_stats(dataset)
@@ -315,7 +325,7 @@ def _stats(dataset: FileImageDataset, what: str) -> tuple[tuple[float, ...], tup
     return mean, std
 
 
-def _valid_stats(saved, channels: int) -> bool:
+def valid_stats(saved, channels: int) -> bool:
     try:
         mean, std = saved
         return len(mean) == len(std) == channels and all(isinstance(v, (int, float)) for v in (*mean, *std))
@@ -344,6 +354,7 @@ def build_imagefolder(cfg: DataConfig, path: str) -> DataSplits:
     if split_layout:
         train_index = _train_index(root, layout)
         test_index = _check_classes(test_dir)
+        refuse_linked_twice(train_index, test_index)  # a test/ that links to train/, or test images linked in
         train_rows, test_rows, what = None, None, "all"
         modes, sizes = _headers(train_index, root)
         modes += _headers(test_index, root)[0]
@@ -372,14 +383,43 @@ def build_imagefolder(cfg: DataConfig, path: str) -> DataSplits:
     if layout == "beside":
         extra["notes"].append(f"{root}: the class folders beside {test_dir.name}/ are the training split, "
                               f"{test_dir.name}/ the test split")  # fmt: skip
+    extra["notes"] += _left_out(root, layout, test_dir)
     return DataSplits(train_ds, test_ds, info, in_memory=False, extra=extra)
+
+
+def _left_out(root: Path, layout: str, test_dir: Path | None) -> list[str]:
+    """One line naming what the layout does not read: folders beside ``train/`` and the test folder (another
+    split folder among them), and images lying loose in the folder or in a split folder (not in a class)."""
+    train = split_folder(root, ("train",)) if layout == "split" else None
+    folders = [n for n in _top_names(root) if n not in (test_dir.name, train.name)] if train and test_dir else []
+    if layout == "beside" and test_dir is not None:
+        folders = [n for n in _top_names(root) if n.lower() in TEST_DIR_NAMES and n != test_dir.name]
+    loose = []
+    for where in {root, *(d for d in (test_dir, train) if d is not None)}:
+        try:
+            loose += [f"{where.name}/{e.name}" for e in os.scandir(where) if not e.name.startswith(".") and
+                      os.path.splitext(e.name)[1].lower() in IMAGE_EXTENSIONS and e.is_file()]  # fmt: skip
+        except OSError:
+            continue
+    said = [f"folder(s) {', '.join(sorted(folders)[:5])}/ beside the splits"] if folders else []
+    said += [f"{len(loose)} image(s) outside any class folder (e.g. {sorted(loose)[0]})"] if loose else []
+    if not said:
+        return []
+    return [f"{root}: not read: {'; '.join(said)}; move what you mean to train into a class folder"]
 
 
 def _train_index(root: Path, layout: str) -> FolderIndex:
     """The training split's index: ``train/``, or the class folders beside the split folder (its name left out)."""
-    if layout == "split":
-        return _check_classes(root / "train")
-    return _check_classes(root, exclude=frozenset(TEST_DIR_NAMES))
+    if layout == "beside":
+        return _check_classes(root, exclude=frozenset(n for n in _top_names(root) if n.lower() in TEST_DIR_NAMES))
+    train = split_folder(root, ("train",))
+    nested = [n for n in _top_names(train) if n.lower() in (*TEST_DIR_NAMES, "train")]
+    if nested:
+        raise UserError(
+            f"{train} holds a folder named {nested[0]!r}, a split folder's name, as a class: move it to "
+            f"{root}/{nested[0]}/ if it is a split, or rename the class"
+        )
+    return _check_classes(train)
 
 
 def _label_map(found: list[str], class_names: list[str] | None, folder: Path) -> dict[int, int] | None:

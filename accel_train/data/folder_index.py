@@ -34,7 +34,7 @@ from accel_train.data.pixels import to_mode_and_size
 from accel_train.errors import UserError
 
 INDEX_KIND = "imagefolder"
-STAT_FIELDS = ("st_size", "st_mtime_ns", "st_ctime_ns", "st_ino")  # what the cache is keyed by, with the paths
+STAT_FIELDS = ("st_size", "st_mtime_ns", "st_ctime_ns", "st_ino", "st_dev")  # the cache key, with the paths
 SKIPPED_EXAMPLES = 3  # files that are not images, named per folder in the builder's line
 
 
@@ -52,6 +52,9 @@ class FolderIndex:
     labels: np.ndarray  # int64 [n]
     sizes: np.ndarray | None = None  # int64 [n]
     mtimes: np.ndarray | None = None  # int64 [n]
+    ctimes: np.ndarray | None = None  # int64 [n]: what no touch or cp -p sets back
+    inodes: np.ndarray | None = None  # int64 [n]
+    devices: np.ndarray | None = None  # int64 [n]
     cache: index_cache.Entry | None = None
     skipped: Counter = field(default_factory=Counter)
     skipped_examples: list[str] = field(default_factory=list)
@@ -177,8 +180,45 @@ def index_folder(root: Path, extensions: frozenset[str], exclude: frozenset[str]
     if entry is None:
         newest = int(fields["st_mtime_ns"].max()) if len(blob) else 0
         entry = index_cache.store(INDEX_KIND, key, {}, trusted=index_cache.settled(newest))
-    return FolderIndex(root, classes, blob, offsets, label_array, fields["st_size"], fields["st_mtime_ns"], entry,
-                       scan.skipped, scan.skipped_examples)  # fmt: skip
+    index = FolderIndex(root, classes, blob, offsets, label_array, fields["st_size"], fields["st_mtime_ns"],
+                        fields["st_ctime_ns"], fields["st_ino"], fields["st_dev"], entry, scan.skipped,
+                        scan.skipped_examples)  # fmt: skip
+    refuse_linked_twice(index)
+    return index
+
+
+def refuse_linked_twice(index: FolderIndex, other: FolderIndex | None = None) -> None:
+    """One file (hard links, or links to one file) under two classes of ``index``, or in ``index`` and ``other``
+    (the test split): its image would be trained on under two labels, or scored as a test image it trained on."""
+    if other is None:
+        inodes, devices, groups = index.inodes, index.devices, index.labels
+    else:
+        inodes, devices = np.concatenate([index.inodes, other.inodes]), np.concatenate([index.devices, other.devices])
+        groups = np.repeat([0, 1], [len(index), len(other)])
+    if inodes is None or len(inodes) < 2:
+        return
+    order = np.lexsort((inodes, devices))
+    same = (inodes[order][1:] == inodes[order][:-1]) & (devices[order][1:] == devices[order][:-1])
+    pairs = np.flatnonzero(same & (groups[order][1:] != groups[order][:-1]))
+    if len(pairs) == 0:
+        return
+    a, b = sorted(int(order[pairs[0] + k]) for k in (0, 1))
+
+    def name(i: int) -> str:
+        if other is None:
+            return index.relpath(i)
+        return (
+            f"{index.root.name}/{index.relpath(i)}"
+            if i < len(index)
+            else f"{other.root.name}/{other.relpath(i - len(index))}"
+        )
+
+    what = "two classes" if other is None else "the training and the test split"
+    raise UserError(
+        f"{index.root}: {len(pairs)} file(s) are in {what} at once (hard links, or links to one file), e.g. "
+        f"{name(a)!r} and {name(b)!r}: an image would be read under two labels, or scored as a test image it "
+        "trained on; remove the links, or copy the images you mean"
+    )
 
 
 def decode_file(path: str | Path, channels: int, size: int, out: np.ndarray | None = None) -> torch.Tensor:

@@ -252,6 +252,27 @@ def _class_names(train, test, col: str) -> tuple[list[str], np.ndarray | None]:
     return [str(v) for v in uniques.tolist()], uniques
 
 
+def _test_by_name(train, test, col: str, name: str) -> torch.Tensor | None:
+    """Where the test split's ClassLabel lists the names in another order than train's: its codes -> train's, by
+    name (None: the same order, or no ClassLabel); a name train lacks is refused."""
+    import datasets
+
+    if test is None or train is test:
+        return None
+    mine, theirs = test.features[col], train.features[col]
+    if not isinstance(mine, datasets.ClassLabel) or not isinstance(theirs, datasets.ClassLabel):
+        return None
+    if list(mine.names) == list(theirs.names):
+        return None
+    unknown = [n for n in mine.names if n not in theirs.names]
+    if unknown:
+        raise UserError(
+            f"{name!r}: the test split's class(es) {', '.join(map(repr, unknown[:5]))} are not among train's "
+            f"({', '.join(theirs.names[:10])}); give both splits the same ClassLabel names"
+        )
+    return torch.as_tensor([theirs.names.index(n) for n in mine.names], dtype=torch.int64)
+
+
 def _labels(data, col: str, uniques: np.ndarray | None) -> torch.Tensor:
     raw = _column(data, col)
     return torch.from_numpy(np.searchsorted(uniques, raw) if uniques is not None else raw.astype(np.int64)).long()
@@ -295,7 +316,9 @@ def build_hf(cfg: DataConfig, name: str) -> DataSplits:
     class_names, uniques = _class_names(train, test, label_col)
     if len(class_names) < 2:
         raise UserError(f"{name!r}: column {label_col!r} has {len(class_names)} class(es); need at least 2 classes")
-    parts = {"train": hf_part(train, class_names)} | ({"test": hf_part(test, class_names)} if test is not None else {})
+    parts = {"train": hf_part(train, class_names, _column(train, label_col))}
+    if test is not None:
+        parts["test"] = hf_part(test, class_names, _column(test, label_col))
     if test is None:
         train_idx, test_idx = stratified_split(_labels(train, label_col, uniques), cfg.val_split, cfg.seed)
         if len(train_idx) == 0 or len(test_idx) == 0:
@@ -313,11 +336,13 @@ def build_hf(cfg: DataConfig, name: str) -> DataSplits:
         len(s) <= MAX_IN_MEMORY_SAMPLES and len(s) * per_sample <= MAX_IN_MEMORY_BYTES for s in (train, test)
     )
 
+    by_name = _test_by_name(train, test, label_col, name)  # a test ClassLabel listing the names in another order
     if in_memory:
         x_train = _decode_all(train, image_col, is_pil, channels, size)
         x_test = _decode_all(test, image_col, is_pil, channels, size)
         train_ds: Any = TensorImageDataset(x_train, _labels(train, label_col, uniques), transform=transform)
-        test_ds: Any = TensorImageDataset(x_test, _labels(test, label_col, uniques))
+        test_labels = _labels(test, label_col, uniques)
+        test_ds: Any = TensorImageDataset(x_test, test_labels if by_name is None else by_name[test_labels])
         idx = torch.as_tensor(sample_indices(len(x_train), STATS_SAMPLE_IN_MEMORY))
         mean, std = channel_stats(x_train.index_select(0, idx))
     else:
@@ -325,7 +350,8 @@ def build_hf(cfg: DataConfig, name: str) -> DataSplits:
         if not is_pil:
             train, test = train.with_format("numpy"), test.with_format("numpy")
         train_ds = LazyImageDataset(train, image_col, label_col, channels, size, label_map, transform=transform)
-        test_ds = LazyImageDataset(test, image_col, label_col, channels, size, label_map)
+        test_map = label_map if by_name is None else dict(enumerate(by_name.tolist()))
+        test_ds = LazyImageDataset(test, image_col, label_col, channels, size, test_map)
         mean, std = sample_stats(train_ds)
     info = DatasetInfo(f"hf:{name}", len(class_names), channels, size, class_names, mean, std)
     extra = {"source": source, "augment": augment, "image_column": image_col, "label_column": label_col}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -116,8 +117,19 @@ def folder_part(prefix: str, index) -> Part:
         h.update(np.ascontiguousarray(array).tobytes())
     summary = {"folder": _printable(prefix), "files": len(index), "bytes": int(index.sizes.sum())}
     summary["classes"] = _printable_counts(index.counts())
+    summary["local"] = _local(index.inodes, index.ctimes, index.devices)
     files = {"blob": index.blob, "offsets": index.offsets, "sizes": index.sizes, "mtimes": index.mtimes}
+    files |= {"inodes": index.inodes, "ctimes": index.ctimes}
     return Part(h.hexdigest()[:16], summary, files)
+
+
+def _local(*arrays: np.ndarray) -> dict[str, str]:
+    """What only this machine can compare: each file's inode and change time (no ``touch``, ``cp -p`` or
+    ``rsync -a`` sets it back; a copy on another machine differs in it), with the machine's name."""
+    h = _hasher()
+    for array in arrays:
+        h.update(np.ascontiguousarray(array).tobytes())
+    return {"host": socket.gethostname(), "digest": h.hexdigest()[:16]}
 
 
 def _printable_counts(counts: dict[str, int]) -> dict[str, int]:
@@ -147,15 +159,21 @@ def folder_identity(root: Path, train, test=None) -> Identity:
 def shards_part(index, folder: Path) -> Part:
     """A :class:`~accel_train.data.shard_index.ShardIndex` as a part: each shard's name (relative to ``folder``),
     size, modification time and rows, and the label values (or ClassLabel names)."""
-    shards = []
+    shards, local = [], []
     for s, f in enumerate(index.files):
         st = f.stat()
         rows = int(index.starts[s + 1] - index.starts[s])
         shards.append([_printable(os.path.relpath(f, folder)), st.st_size, st.st_mtime_ns, rows])
+        local.append((st.st_ino, st.st_ctime_ns, st.st_dev))
     labels = [_printable(str(v)) for v in (index.class_label or index.values)]
     counts = np.bincount(index.labels, minlength=len(index.values)).tolist()
+    h = _hasher()  # every row's label, as the values they code
+    h.update(repr([str(v) for v in index.values]).encode() + np.ascontiguousarray(index.labels).tobytes())
     summary = {"rows": len(index), "shards": shards, "labels": labels, "label_rows": counts}
-    return Part(hashlib.sha256(repr((shards, labels, counts)).encode()).hexdigest()[:16], summary)
+    summary |= {"row_labels": h.hexdigest()[:16], "local": _local(np.asarray(local, dtype=np.int64))}
+    return Part(
+        hashlib.sha256(repr((shards, labels, counts, summary["row_labels"])).encode()).hexdigest()[:16], summary
+    )
 
 
 def tensors_part(dataset) -> Part | None:
@@ -180,11 +198,28 @@ def tensor_identity(splits) -> Identity | None:
     return Identity("tensors", parts)  # type: ignore[arg-type]
 
 
-def hf_part(data, class_names: list[str]) -> Part:
-    """A ``datasets.Dataset`` split: its fingerprint, rows and class names."""
+def hf_part(data, class_names: list[str], labels: np.ndarray | None = None) -> Part:
+    """A ``datasets.Dataset`` split: its fingerprint, rows, class names, every row's label (``labels``) and the
+    Arrow files it reads (name, size, modification time; inode and change time for this machine): ``datasets``'
+    fingerprint comes from ``state.json``, which an edit of the files leaves as it was."""
     fingerprint = str(getattr(data, "_fingerprint", None))
     summary = {"rows": len(data), "fingerprint": fingerprint, "classes": [_printable(c) for c in class_names]}
-    return Part(hashlib.sha256(repr(sorted(summary.items())).encode()).hexdigest()[:16], summary)
+    files, local = [], []
+    for entry in getattr(data, "cache_files", None) or []:
+        try:
+            st = os.stat(entry["filename"])
+        except (OSError, KeyError, TypeError):
+            continue
+        files.append([_printable(os.path.basename(entry["filename"])), st.st_size, st.st_mtime_ns])
+        local.append((st.st_ino, st.st_ctime_ns, st.st_dev))
+    summary["files"] = files
+    if labels is not None:
+        h = _hasher()
+        h.update(labels.tobytes() if labels.dtype != object else repr(labels.tolist()).encode())
+        summary["row_labels"] = h.hexdigest()[:16]
+    summary["local"] = _local(np.asarray(local, dtype=np.int64).reshape(-1, 3))
+    portable = {k: v for k, v in summary.items() if k != "local"}
+    return Part(hashlib.sha256(repr(sorted(portable.items())).encode()).hexdigest()[:16], summary)
 
 
 def of_splits(splits) -> Identity | None:
@@ -215,6 +250,7 @@ def changes(
                 said.append(f"the {name} split {'is new' if was is None else 'is gone'}")
             continue
         if was.get("digest") == now.digest:
+            said.append(_local_change(name, was, now, (old_files or {}).get(name)))
             continue
         if new.kind == "imagefolder":
             said.append(_folder_change(name, was, now, (old_files or {}).get(name)))
@@ -224,7 +260,25 @@ def changes(
             said.append(_hf_change(name, was, now))
         else:
             said.append(f"{name}: {was.get('rows')} rows then, {now.summary.get('rows')} now, other values")
-    return "; ".join(said) or None
+    return "; ".join(filter(None, said)) or None
+
+
+def _local_change(name: str, was: dict, now: Part, files: dict | None) -> str | None:
+    """On the machine that recorded them: the files whose inode or change time differ (rewritten in place, or
+    swapped, with their sizes and modification times kept), in words; None when they agree or cannot be compared."""
+    then, here = was.get("local"), now.summary.get("local")
+    if not isinstance(then, dict) or not here or then.get("host") != here["host"]:
+        return None
+    if then.get("digest") == here["digest"]:
+        return None
+    what = "rewritten or replaced in place, sizes and modification times kept (their inode or change time differs)"
+    if files is not None and now.files is not None and "inodes" in files:
+        old = _by_path(files, now.summary.get("folder", ""), ("inodes", "ctimes"))
+        new = _by_path(now.files, now.summary.get("folder", ""), ("inodes", "ctimes"))
+        moved = sorted(p for p in set(old) & set(new) if old[p] != new[p])
+        if moved:
+            return f"{name}: {len(moved)} file(s) {what}{_examples(moved)}"
+    return f"{name}: files {what}"
 
 
 def _examples(names: list[str]) -> str:
@@ -262,13 +316,13 @@ def _class_changes(then: dict, now: dict) -> str:
     return f"; {', '.join(said)}" if said else ""
 
 
-def _by_path(files: dict[str, np.ndarray], prefix: str) -> dict[str, tuple[int, int]]:
-    """Each file's (size, mtime) by its path (printable, under ``prefix``)."""
+def _by_path(files: dict[str, np.ndarray], prefix: str, fields=("sizes", "mtimes")) -> dict[str, tuple[int, int]]:
+    """Each file's ``fields`` (size and mtime) by its path (printable, under ``prefix``)."""
     from accel_train.data.index_cache import split_blob
 
     paths = split_blob(files["blob"], files["offsets"])
-    sizes, mtimes = files["sizes"].tolist(), files["mtimes"].tolist()
-    return {prefix + _printable(os.fsdecode(p)): (s, m) for p, s, m in zip(paths, sizes, mtimes, strict=True)}
+    columns = [files[f].tolist() for f in fields]
+    return {prefix + _printable(os.fsdecode(p)): tuple(v) for p, *v in zip(paths, *columns, strict=True)}
 
 
 def _shards_change(name: str, was: dict, now: Part) -> str:
@@ -283,16 +337,23 @@ def _shards_change(name: str, was: dict, now: Part) -> str:
         said.append(f"labels {was.get('labels')} then, {now.summary['labels']} now"[:200])
     elif was.get("label_rows") != now.summary["label_rows"]:
         said.append("other rows per label")
+    elif was.get("row_labels") != now.summary.get("row_labels"):
+        said.append("rows with other labels")
     rows = f" ({was.get('rows')} rows then, {now.summary['rows']} now)"
     return f"{name}: {', '.join(said) or 'other rows'}{rows}"
 
 
 def _hf_change(name: str, was: dict, now: Part) -> str:
     said = Counter()
-    for key in ("rows", "fingerprint", "classes"):
+    for key in ("rows", "fingerprint", "classes", "files", "row_labels"):
         if was.get(key) != now.summary.get(key):
             said[key] += 1
-    what = ", ".join(f"{k} {was.get(k)} then, {now.summary.get(k)} now" for k in said if k != "classes")
-    if "classes" in said:
-        what = ", ".join(filter(None, [what, "other class names"]))
+    what = ", ".join(f"{k} {was.get(k)} then, {now.summary.get(k)} now" for k in said if k in ("rows", "fingerprint"))
+    for key, words in (
+        ("classes", "other class names"),
+        ("files", "its Arrow files changed"),
+        ("row_labels", "rows with other labels"),
+    ):
+        if key in said:
+            what = ", ".join(filter(None, [what, words]))
     return f"{name}: {what or 'other data'}"

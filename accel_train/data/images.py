@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -58,7 +59,10 @@ def _problem(path: Path, verify: bool = True) -> tuple[str | None, tuple[int, in
     """(mode, (height, width), None) for a readable image, (None, None, why) for one that is not. ``verify``: read
     the whole file (truncated or corrupt data, bad checksums), else the header only."""
     try:
-        if path.stat().st_size == 0:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            return None, None, "not a regular file (a FIFO, a device or a socket)"
+        if st.st_size == 0:
             return None, None, "empty (0 bytes)"
         with open_image(path) as image:
             mode, size = image.mode, (image.height, image.width)

@@ -350,7 +350,14 @@ def _scan_tar(path: Path, skipped: Counter) -> dict[str, list]:
                         raise UserError(f"tar shard {path}: sample {key!r} has two images ({entry[0]}, {member.name})")
                     entry[:3] = member.name, member.offset_data, member.size
                 elif ext == TAR_LABEL:
-                    entry[3] = tar.extractfile(member).read(MAX_CLS_BYTES).decode("utf-8", "replace").strip()
+                    raw = tar.extractfile(member).read(MAX_CLS_BYTES)
+                    try:
+                        entry[3] = raw.decode("utf-8").strip()
+                    except UnicodeDecodeError:
+                        raise UserError(
+                            f"tar shard {path}: {member.name} holds {raw[:40]!r}, not UTF-8 text; write the class "
+                            "names in UTF-8 (two names must never become one)"
+                        ) from None
                 else:
                     skipped[f".{ext.rpartition('.')[2]}" if ext else "(no extension)"] += 1
     except (tarfile.TarError, OSError, EOFError) as exc:
@@ -372,11 +379,18 @@ def _tar_problem(path: Path, samples: dict[str, list]) -> str | None:
 
 def _index_tar(files: list[Path]):
     starts, offsets, sizes, names, texts, group_bytes, skipped = [0], [], [], [], [], [], Counter()
+    kinds: dict[str, Path] = {}
     for path in files:
         samples = _scan_tar(path, skipped)
         problem = _tar_problem(path, samples)
         if problem:
             raise UserError(f"tar shard {path}: {problem}")
+        kinds.setdefault("int" if all(_INT.fullmatch(v[3]) for v in samples.values()) else "str", path)
+        if len(kinds) > 1:
+            raise UserError(
+                f"the .cls labels of {files[0].parent} are of several kinds across its shards (numbers in "
+                f"{kinds['int'].name}, names in {kinds['str'].name}); give every shard the same kind of label"
+            )
         for image, offset, size, label in samples.values():
             names.append(os.fsencode(image))
             offsets.append(offset)

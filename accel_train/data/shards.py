@@ -52,7 +52,16 @@ from torch.utils.data import Dataset
 from accel_train.data import index_cache
 from accel_train.data.augment import Augmented
 from accel_train.data.base import DataConfig, DatasetInfo, DataSplits, stratified_split
-from accel_train.data.folder import TEST_DIR_NAMES, augment_for, choose_image_size, sample_indices, sample_stats
+from accel_train.data.folder import (
+    TEST_DIR_NAMES,
+    augment_for,
+    choose_image_size,
+    sample_indices,
+    sample_stats,
+    split_folder,
+    valid_headers,
+    valid_stats,
+)
 from accel_train.data.hf import TEST_SPLITS
 from accel_train.data.identity import Identity, shards_part
 from accel_train.data.images import DECODE_ERRORS, MAX_IMAGE_PIXELS, channels_for, mixed_modes_note
@@ -71,10 +80,17 @@ BIG_GROUP = 65_536  # rows: a Parquet row group larger than this is worth a note
 
 def find_shards(root: Path) -> tuple[list[Path], list[Path] | None, str]:
     """(training shards, test shards or None, how the folder is split: "folders", "files" or "stratified")."""
-    if (root / "train").is_dir():
-        test_dir = next((root / n for n in TEST_DIR_NAMES if (root / n).is_dir()), None)
-        train, test = _shards_in(root / "train"), _shards_in(test_dir) if test_dir else None
+    train_dir = split_folder(root, ("train",))
+    if train_dir is not None:
+        test_dir = split_folder(root, TEST_DIR_NAMES)
+        train, test = _shards_in(train_dir), _shards_in(test_dir) if test_dir else None
         kind_of(train + (test or []), root)
+        beside = shard_files(root)
+        if beside:
+            raise UserError(
+                f"{root} holds shards beside its {train_dir.name}/ folder ({beside[0].name}, ...) that no split "
+                f"reads; move them into {train_dir.name}/ or {test_dir.name if test_dir else 'test'}/"
+            )
         return train, test, "folders"
     files = shard_files(root) or (shard_files(root / "data") if (root / "data").is_dir() else [])
     if not files:
@@ -82,9 +98,16 @@ def find_shards(root: Path) -> tuple[list[Path], list[Path] | None, str]:
     kind_of(files, files[0].parent)
     by_split: dict[str, list[Path]] = {}
     for f in files:
-        by_split.setdefault(re.split(r"[-_.]", f.name, maxsplit=1)[0].lower(), []).append(f)
+        prefix = re.split(r"[-_.]", f.name, maxsplit=1)[0].lower()
+        by_split.setdefault("train" if prefix == "training" else prefix, []).append(f)
     if "train" in by_split:
         return by_split["train"], next((by_split[n] for n in TEST_SPLITS if n in by_split), None), "files"
+    named = [n for n in TEST_SPLITS if n in by_split]
+    if named:  # a test split without a training split: never pooled into training silently
+        raise UserError(
+            f"{files[0].parent} holds {named[0]}-* shards but none named train-*: name the training shards "
+            "train-00000-of-0000N.parquet (as on the Hub), or put the splits in train/ and test/ folders"
+        )
     return files, None, "stratified"
 
 
@@ -327,7 +350,7 @@ def _test_by_name(test: ShardIndex, names: list[str], lookup: dict[str, int], ro
 
 def _headers(index: ShardIndex) -> tuple[Counter, set[tuple[int, int]]]:
     """PIL modes and sizes of an evenly spaced sample of images (headers only), recorded with the index."""
-    if "headers" not in index.facts:
+    if not valid_headers(index.facts.get("headers")):
         reader, modes, sizes = _Reader(index), Counter(), set()
         try:
             for row in sample_indices(len(index), HEADER_SAMPLE):
@@ -344,7 +367,7 @@ def _headers(index: ShardIndex) -> tuple[Counter, set[tuple[int, int]]]:
 def _stats(dataset: ShardDataset, what: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Mean/std of an evenly spaced sample (``sample_stats``), recorded with the index: a resume reads the same."""
     key = f"stats:{what}:{dataset.channels}:{dataset.size}"
-    if key not in dataset.index.facts:
+    if not valid_stats(dataset.index.facts.get(key), dataset.channels):
         dataset.index.cache.add_facts(**{key: [list(v) for v in sample_stats(dataset)]})
     mean, std = dataset.index.facts[key]
     return tuple(mean), tuple(std)

@@ -335,8 +335,8 @@ MUTANTS: tuple[Mutant, ...] = (
        f"{T_IDENTITY}::test_tar_keys_with_dots_of_their_own_are_samples_and_other_members_are_counted"),
     # an image rewritten in place with its time set back (cp -p) read with the facts of the old one
     _m("folder-cache-key-without-ctime", "data you can trust", "data/folder_index.py",
-       'STAT_FIELDS = ("st_size", "st_mtime_ns", "st_ctime_ns", "st_ino")',
-       'STAT_FIELDS = ("st_size", "st_mtime_ns", "st_ino")',
+       'STAT_FIELDS = ("st_size", "st_mtime_ns", "st_ctime_ns", "st_ino", "st_dev")',
+       'STAT_FIELDS = ("st_size", "st_mtime_ns", "st_ino", "st_dev")',
        f"{T_FOLDER_INDEX}::test_a_file_overwritten_in_place_is_another_cache_key"),
     # facts cached for one file list read for another (images added, the folder's time restored)
     _m("folder-cache-key-without-the-file-list", "data you can trust", "data/folder_index.py",

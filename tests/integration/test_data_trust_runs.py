@@ -131,16 +131,22 @@ def test_images_added_under_a_folder_whose_time_is_restored_are_counted_and_refu
 # --------------------------------------------------------------------------- 3. removed, then restored exactly
 
 
-def test_images_removed_refuse_a_resume_and_restored_exactly_resume_to_the_uninterrupted_weights(tmp_path):
+def test_images_removed_refuse_a_resume_and_restored_ones_are_named_until_accepted(tmp_path):
+    """An unchanged folder resumes silently; images removed are refused by name; put back (the same bytes and
+    times, but rewritten: their change time differs on this machine) they are named as replaced in place, since
+    nothing can tell an exact restore from a same-size swap; --resume-changed-data then goes on, says so, and
+    ends on the uninterrupted run's weights (the data was the same)."""
     data = write_image_folder(tmp_path / "f", classes=("a", "b"), per_class=6, size=16)
     age(data)
     dataset = f"imagefolder:{data}"
-    run, whole = tmp_path / "run", tmp_path / "whole"
-    check(train(dataset, run, "--max-steps", "6", "--stop-at-step", "3", here=True))
+    run, whole, aside = tmp_path / "run", tmp_path / "whole", tmp_path / "aside"
+    check(train(dataset, run, "--max-steps", "6", "--stop-at-step", "2", here=True))
+    same = check(train(dataset, run, "--max-steps", "6", "--stop-at-step", "3", "--resume", "auto", here=True))
+    assert "not exact" not in same.stdout + same.stderr and "not the data" not in same.stdout + same.stderr
     gone = [data / "a" / "a_002.png", data / "b" / "b_004.png"]
-    kept = {p: (p.read_bytes(), p.stat()) for p in gone}
-    for p in gone:
-        p.unlink()
+    aside.mkdir()
+    for i, p in enumerate(gone):
+        os.rename(p, aside / f"{i}.png")
     before = run_folder_snapshot(run)
     refused = train(dataset, run, "--max-steps", "6", "--resume", "auto")
     line = assert_one_line_error(refused, "2 removed", "a/a_002.png", "b/b_004.png")
@@ -149,16 +155,14 @@ def test_images_removed_refuse_a_resume_and_restored_exactly_resume_to_the_unint
     report = scored(run / "checkpoints" / "step_00000003", tmp_path / "changed.json")
     assert "is not the data the weights recorded: train: 2 removed (a/a_002.png, b/b_004.png)" in report.stderr
     assert "2 removed" in json.loads((tmp_path / "changed.json").read_text())["data_changed"]
-    for p, (content, st) in kept.items():
-        p.write_bytes(content)
-        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
-    report = scored(run / "checkpoints" / "step_00000003", tmp_path / "same.json")
-    assert (
-        "not the data" not in report.stdout + report.stderr
-        and json.loads((tmp_path / "same.json").read_text())["data_changed"] is None
-    )
-    resumed = check(train(dataset, run, "--max-steps", "6", "--resume", "auto", here=True))
-    assert "resume is not exact" not in resumed.stdout + resumed.stderr
+    for i, p in enumerate(gone):
+        os.rename(aside / f"{i}.png", p)  # back where they were: the same bytes and modification times
+    report = scored(run / "checkpoints" / "step_00000003", tmp_path / "back.json")
+    assert "2 file(s) rewritten or replaced in place" in report.stderr, report.stderr
+    refused = train(dataset, run, "--max-steps", "6", "--resume", "auto")
+    assert_one_line_error(refused, "2 file(s) rewritten or replaced in place", "a/a_002.png", "--resume-changed-data")
+    resumed = check(train(dataset, run, "--max-steps", "6", "--resume", "auto", "--resume-changed-data", here=True))
+    assert "resume is not exact" in resumed.stdout + resumed.stderr
     check(train(dataset, whole, "--max-steps", "6", here=True))
     assert summary(run)["global_step"] == summary(whole)["global_step"] == 6
     assert_same_weights(run, whole)
