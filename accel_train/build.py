@@ -25,6 +25,7 @@ from accel_train.data import build_dataset
 from accel_train.data.base import DataSplits
 from accel_train.data.folder import unaugmented_sample
 from accel_train.data.pipeline import BatchNormalizer, BatchPlan, make_loader, place_on_device, plan_batches
+from accel_train.data.settings import flags_that_do_not_apply
 from accel_train.defaults import Defaults, choose
 from accel_train.errors import CheckpointError, UserError
 from accel_train.features import TrainFeatures, use_keyed_dropout
@@ -66,7 +67,7 @@ def build_trainer(
     with acc.main_process_first():  # downloads and caches happen once
         splits = given.get("splits") or build_dataset(cfg.data_config())  # given: accel_train.train's data
     check_same_data(acc, splits)
-    ident = _check_resumed_data(cfg, rt, splits, run_dir, resume_path)  # before any model: its shape follows the data
+    ident = _check_resumed_data(cfg, rt, splits, run_dir, resume_path, given.get("splits"))  # before any model
     device_batch = None if cfg.max_device_batch == AUTO else cfg.max_device_batch  # auto: probed in _prepare
     plan = plan_batches(acc.num_processes, cfg.batch_size, cfg.grad_accum_steps, cfg.global_batch_size, device_batch)
     lr = cfg.lr * plan.global_batch / cfg.batch_size if cfg.scale_lr else cfg.lr
@@ -270,7 +271,7 @@ def check_same_data(acc, splits: DataSplits) -> None:
     )
 
 
-def _check_resumed_data(cfg: TrainConfig, rt: Runtime, splits: DataSplits, run_dir: RunDir, resume_path):
+def _check_resumed_data(cfg: TrainConfig, rt: Runtime, splits: DataSplits, run_dir: RunDir, resume_path, given_data):
     """The data's identity (data.identity); a resume on other data than its checkpoint's is refused in one line
     (process 0 compares: machines' copies may differ in modification times alone), or with
     --resume-changed-data said and accepted."""
@@ -278,11 +279,11 @@ def _check_resumed_data(cfg: TrainConfig, rt: Runtime, splits: DataSplits, run_d
     from accel_train.resume import data_change, data_refusal
 
     ident = of_splits(splits)
-    if "val_split" in getattr(cfg, "given", ()) and splits.extra.get("split") in ("folders", "files"):
-        raise UserError(
-            f"--val-split does not apply to {cfg.dataset}: it has a test split of its own "
-            f"({splits.extra.get('source')}); drop --val-split, or point at data without one"
-        )
+    own_split = splits.extra.get("split") in ("folders", "files", "splits")
+    given = {name: getattr(cfg, name) for name in getattr(cfg, "given", None) or () if hasattr(cfg, name)}
+    wrong = flags_that_do_not_apply(cfg.dataset, given, own_split)
+    if wrong and given_data is None:  # (accel_train.train's own data takes no dataset flags)
+        raise UserError(f"{', '.join(wrong)} do(es) not apply to --dataset {cfg.dataset}; drop it")
     if resume_path is None:
         return ident
     change = shape = None

@@ -355,5 +355,5 @@ def build_hf(cfg: DataConfig, name: str) -> DataSplits:
         mean, std = sample_stats(train_ds)
     info = DatasetInfo(f"hf:{name}", len(class_names), channels, size, class_names, mean, std)
     extra = {"source": source, "augment": augment, "image_column": image_col, "label_column": label_col}
-    extra["identity"] = Identity("hf", parts)
+    extra |= {"identity": Identity("hf", parts), "split": "splits" if "test" in parts else "stratified"}
     return DataSplits(train_ds, test_ds, info, in_memory=in_memory, extra=extra)

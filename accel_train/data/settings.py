@@ -54,3 +54,33 @@ class DataConfig:
 
 #: The options dataset builders read (``DataConfig``'s fields).
 DATA_FIELDS = tuple(f.name for f in fields(DataConfig))
+
+
+#: Flags that apply to some datasets only: the names (of ``DataConfig`` fields) and which datasets take them.
+_ONLY_FOR = {
+    "image_column": ("hf:", "shards:"),
+    "label_column": ("hf:", "shards:"),
+    "data_dir": ("mnist", "fashion_mnist", "cifar10"),
+    "download": ("mnist", "fashion_mnist", "cifar10"),
+}
+
+
+def flags_that_do_not_apply(dataset: str, given: dict | None, own_split: bool) -> list[str]:
+    """The flags in ``given`` (the values the user set, by name) that ``dataset`` would ignore, as ``--flag-name``
+    texts with why: a flag that would change something elsewhere is refused here, never ignored (one set to its
+    default changes nothing: a recipe's ``data_dir: data`` beside another dataset). ``own_split``: the data has a
+    test split of its own (then ``--val-split`` holds nothing out)."""
+    defaults = {f.name: f.default for f in fields(DataConfig)}
+    given = {k: v for k, v in (given or {}).items() if k in defaults and v != defaults[k]}
+    if not given:
+        return []
+    wrong = []
+    for name, takers in _ONLY_FOR.items():
+        if name in given and not any(dataset == t or (t.endswith(":") and dataset.startswith(t)) for t in takers):
+            wrong.append(f"--{name.replace('_', '-')} (for {', '.join(takers)})")
+    synthetic = sorted(n for n in given if n.startswith("synthetic_"))
+    if synthetic and dataset != "synthetic":
+        wrong.append(f"--{synthetic[0].replace('_', '-')} (for synthetic)")
+    if own_split and "val_split" in given:
+        wrong.append("--val-split (this data has a test split of its own)")
+    return wrong
