@@ -23,6 +23,14 @@ def _rank_prefix() -> str:
 ERROR_LINE_LIMIT = 2000  # characters of the one-line error a script prints
 
 
+def _say(line: str) -> None:
+    """``line`` and its newline on stderr in one write: the ranks of a run share the stream, and a line written
+    in two pieces (print's text, then its newline) can have another rank's line between them."""
+    sys.stderr.flush()
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def _error_line(line: str, limit: int = ERROR_LINE_LIMIT) -> str:
     """``line`` on one line of at most ``limit`` characters; the rest is named, and --debug shows it all."""
     line = " ".join(line.splitlines())
@@ -39,7 +47,7 @@ def _unexpected(exc: Exception, debug: bool) -> int:
 
     lost = peer_lost(exc, int(os.environ.get("RANK", "0") or 0), _world_size())
     if lost is None:
-        print(f"{_rank_prefix()}error: unexpected failure (traceback below)", file=sys.stderr, flush=True)
+        _say(f"{_rank_prefix()}error: unexpected failure (traceback below)")
         traceback.print_exc()
         return 1
     from accel_train.runtime import ignore_stop_signals  # torch: only in a multi-process run's failure
@@ -47,7 +55,7 @@ def _unexpected(exc: Exception, debug: bool) -> int:
     ignore_stop_signals()  # the launcher's SIGTERM for the same lost peer must not end this as -15
     if debug:
         traceback.print_exc()
-    print(_error_line(f"{_rank_prefix()}error: {lost}"), file=sys.stderr, flush=True)
+    _say(_error_line(f"{_rank_prefix()}error: {lost}"))
     return lost.exit_code
 
 
@@ -85,11 +93,11 @@ def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
         if debug:
             traceback.print_exc()
         line = _error_line(f"{_rank_prefix()}error: {exc}")
-        print(line, file=sys.stderr, flush=True)
+        _say(line)
         _post_to_launcher(line)
         code = exc.exit_code
     except KeyboardInterrupt:
-        print(f"{_rank_prefix()}interrupted", file=sys.stderr, flush=True)
+        _say(f"{_rank_prefix()}interrupted")
         code = 130
     except Exception as exc:
         code = _unexpected(exc, debug)

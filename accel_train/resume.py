@@ -80,7 +80,7 @@ def reconcile(
         if name not in given:
             restored[name] = old
         elif new != old:
-            if name in SAFE or (name in LENGTH and cfg.extend):
+            if name in SAFE or (name in LENGTH and cfg.extend) or (name == "dataset" and _moved(old, new, resolved)):
                 changes[name] = [old, new]
             else:
                 refused.append(name)
@@ -88,6 +88,14 @@ def reconcile(
         raise UserError(_refusal(refused, saved))
     restored.update(_keep_global_batch(cfg.max_device_batch, given, resolved))
     return dataclasses.replace(cfg, **restored), changes
+
+
+def _moved(old: Any, new: Any, resolved: dict[str, Any]) -> bool:
+    """The same kind of folder under another path (moved, or named another way): allowed when the run recorded
+    its data, which the resume then compares with what the new path holds (refused if it differs)."""
+    kinds = ("imagefolder:", "shards:", "hf:")
+    same_kind = isinstance(old, str) and isinstance(new, str) and old.split(":")[0] == new.split(":")[0]
+    return same_kind and old.startswith(kinds) and isinstance((resolved or {}).get("data"), dict)
 
 
 def _refusal(names: list[str], saved: dict[str, Any]) -> str:

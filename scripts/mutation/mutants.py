@@ -177,6 +177,10 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("atomic-write-not-synced", "main-process writes", "fsio.py",
        "            _sync(tmp)  # on disk before its name is: a crash never leaves an empty file under the final name"
        "\n", "", "tests/unit/test_fsio.py::test_atomic_writes_are_synced_before_the_rename"),
+    # two ranks' error lines on one stderr: a line written in two pieces had the other rank's line inside it
+    _m("rank-line-in-two-writes", "main-process writes", "cli.py",
+       '    sys.stderr.write(line + "\\n")\n', "    print(line, file=sys.stderr, flush=True)\n",
+       "tests/unit/test_input_families.py::test_a_ranks_error_line_is_one_write"),
     # ---- run-folder replacement ------------------------------------------------------------------------------------
     _m("overwrite-discards-before-first-checkpoint", "run-folder replacement", "run_dir.py",
        "                self._stage()\n", "                self._stage()\n                self.commit_replace()\n",

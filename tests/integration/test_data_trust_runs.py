@@ -399,3 +399,25 @@ def test_a_class_folder_name_that_is_not_utf8_trains_or_is_refused_in_one_line(t
         no_traceback(report)
     else:
         assert_one_line_error(proc)
+
+
+# --------------------------------------------------------------------------- moved data
+
+
+def test_a_folder_moved_elsewhere_resumes_from_its_new_path_and_is_still_compared(tmp_path):
+    """The same folder under another path (moved, or written as an absolute path) is the run's data: the resume
+    goes on exactly; a file added there afterwards is refused as before."""
+    data = write_image_folder(tmp_path / "f", classes=("a", "b"), per_class=6, size=16)
+    age(data)
+    run, whole = tmp_path / "run", tmp_path / "whole"
+    check(train(f"imagefolder:{data}", run, "--max-steps", "6", "--stop-at-step", "3", here=True))
+    moved = tmp_path / "elsewhere"
+    os.rename(data, moved)
+    resumed = check(train(f"imagefolder:{moved}", run, "--max-steps", "6", "--resume", "auto", here=True))
+    assert "not exact" not in resumed.stdout + resumed.stderr
+    os.rename(moved, data)
+    check(train(f"imagefolder:{data}", whole, "--max-steps", "6", here=True))
+    assert_same_weights(run, whole)
+    (data / "a" / "new.png").write_bytes((data / "a" / "a_000.png").read_bytes())
+    refused = train(f"imagefolder:{data}", run, "--max-steps", "8", "--extend", "--resume", "auto")
+    assert_one_line_error(refused, "1 file(s) added (a/new.png)")

@@ -134,3 +134,34 @@ def test_run_main_prints_one_line_for_a_lost_peer(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert info.value.code == 4, err
     assert err.count("\n") == 1 and err.startswith("[rank 1] error: another process of this run (rank 0) died"), err
+
+
+def test_a_ranks_error_line_is_one_write(monkeypatch):
+    """The ranks of a run share stderr: a line written as two pieces (print's text, then its newline) had the other
+    rank's line between them, and a test reading one line per rank saw one (CI, a 2-process refusal)."""
+    from accel_train import runtime
+    from accel_train.cli import run_main
+    from accel_train.errors import UserError
+
+    writes = []
+
+    class Recorder:
+        def write(self, text):
+            writes.append(text)
+            return len(text)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(runtime, "finish_process", lambda code: sys.exit(code))
+    monkeypatch.setattr(sys, "stderr", Recorder())
+
+    def main(argv):
+        raise UserError("the data changed")
+
+    with pytest.raises(SystemExit) as info:
+        run_main(main, [])
+    assert info.value.code == 2
+    assert [w for w in writes if w] == ["[rank 1] error: the data changed\n"], writes
