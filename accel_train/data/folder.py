@@ -361,6 +361,7 @@ def build_imagefolder(cfg: DataConfig, path: str) -> DataSplits:
         test_map = _label_map(test_index.classes, train_index.classes, test_dir)
     else:
         train_index = test_index = _check_classes(root)
+        refuse_linked_twice(train_index, same_class=True)  # one file twice could be held out and trained on
         train_rows, test_rows = _held_out(train_index, cfg, root)
         what, test_map = f"split:{cfg.val_split}:{cfg.seed}", None
         modes, sizes = _headers(train_index, root)
@@ -401,11 +402,12 @@ def _left_out(root: Path, layout: str, test_dir: Path | None) -> list[str]:
                       os.path.splitext(e.name)[1].lower() in IMAGE_EXTENSIONS and e.is_file()]  # fmt: skip
         except OSError:
             continue
-    said = [f"folder(s) {', '.join(sorted(folders)[:5])}/ beside the splits"] if folders else []
-    said += [f"{len(loose)} image(s) outside any class folder (e.g. {sorted(loose)[0]})"] if loose else []
+    said = [f"folder(s) {', '.join(repr(f + '/') for f in sorted(folders)[:5])} beside the splits"] if folders else []
+    said += [f"{len(loose)} image(s) outside any class folder (e.g. {sorted(loose)[0]!r})"] if loose else []
     if not said:
         return []
-    return [f"{root}: not read: {'; '.join(said)}; move what you mean to train into a class folder"]
+    line = f"{root}: not read: {'; '.join(said)}; move what you mean to train into a class folder"
+    return [" ".join(line.split())]  # one line, whatever the names hold
 
 
 def _train_index(root: Path, layout: str) -> FolderIndex:

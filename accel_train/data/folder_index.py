@@ -187,11 +187,13 @@ def index_folder(root: Path, extensions: frozenset[str], exclude: frozenset[str]
     return index
 
 
-def refuse_linked_twice(index: FolderIndex, other: FolderIndex | None = None) -> None:
-    """One file (hard links, or links to one file) under two classes of ``index``, or in ``index`` and ``other``
-    (the test split): its image would be trained on under two labels, or scored as a test image it trained on."""
+def refuse_linked_twice(index: FolderIndex, other: FolderIndex | None = None, same_class: bool = False) -> None:
+    """One file (hard links, or links to one file) under two classes of ``index`` (``same_class``: anywhere twice
+    in it, for a folder split by ``--val-split``), or in ``index`` and ``other`` (the test split): its image would
+    be trained on under two labels, or scored as a test image it trained on."""
     if other is None:
-        inodes, devices, groups = index.inodes, index.devices, index.labels
+        groups = np.arange(len(index)) if same_class else index.labels
+        inodes, devices = index.inodes, index.devices
     else:
         inodes, devices = np.concatenate([index.inodes, other.inodes]), np.concatenate([index.devices, other.devices])
         groups = np.repeat([0, 1], [len(index), len(other)])
@@ -213,7 +215,7 @@ def refuse_linked_twice(index: FolderIndex, other: FolderIndex | None = None) ->
             else f"{other.root.name}/{other.relpath(i - len(index))}"
         )
 
-    what = "two classes" if other is None else "the training and the test split"
+    what = "the training and the test split" if other else "two places" if same_class else "two classes"
     raise UserError(
         f"{index.root}: {len(pairs)} file(s) are in {what} at once (hard links, or links to one file), e.g. "
         f"{name(a)!r} and {name(b)!r}: an image would be read under two labels, or scored as a test image it "

@@ -15,6 +15,7 @@ image in every row; what fails is one line naming the split, column and fix.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,12 @@ def _load(name: str):
         raise UserError(f"hf dataset directory {path.absolute()} does not exist; pass a save_to_disk directory")
     target = str(path.absolute()) if path.is_dir() else name
     try:
-        return datasets.load_dataset(target), target
+        if not path.is_dir():
+            return datasets.load_dataset(target), target
+        fresh, remember = _prepared_before(path)
+        loaded = datasets.load_dataset(target, download_mode=None if fresh else "force_redownload")
+        remember()
+        return loaded, target
     except (ConnectionError, OSError) as exc:  # includes DatasetNotFoundError and offline cache misses
         raise UserError(
             f"could not load Hugging Face dataset {name!r}: it is not in the local cache and the Hub cannot be "
@@ -89,6 +95,28 @@ def _load(name: str):
         ) from exc
     except ValueError as exc:  # e.g. a config name is required
         raise UserError(f"could not load Hugging Face dataset {name!r}: {exc}") from exc
+
+
+def _prepared_before(folder: Path):
+    """Whether ``datasets`` prepared its Arrow copy of a folder of data files as they are now (each file's path,
+    size, modification and change time, inode), and how to record that it did. ``datasets`` itself keys that
+    copy by paths and modification times: a file rewritten with its time set back would be read as the old one,
+    so a folder whose files this launch has not seen is prepared again (``force_redownload``)."""
+    import hashlib
+
+    from accel_train.data import index_cache
+
+    h, newest = hashlib.sha256(), 0
+    for parent, dirs, names in sorted(os.walk(folder)):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(n for n in names if not n.startswith(".")):
+            st = os.stat(os.path.join(parent, name))
+            rel = os.path.relpath(os.path.join(parent, name), folder)
+            h.update(f"{rel!r}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}\n".encode())
+            newest = max(newest, st.st_mtime_ns)
+    key = {"root": repr(str(folder.absolute())), "files": h.hexdigest()}
+    seen = index_cache.load("hf-folder", key, with_arrays=False) is not None
+    return seen, lambda: index_cache.store("hf-folder", key, {}, trusted=index_cache.settled(newest))
 
 
 def _empty_splits(path: Path) -> list[str] | None:

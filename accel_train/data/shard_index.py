@@ -385,7 +385,8 @@ def _index_tar(files: list[Path]):
         problem = _tar_problem(path, samples)
         if problem:
             raise UserError(f"tar shard {path}: {problem}")
-        kinds.setdefault("int" if all(_INT.fullmatch(v[3]) for v in samples.values()) else "str", path)
+        if samples:  # a shard without samples has no kind of label
+            kinds.setdefault("int" if all(_INT.fullmatch(v[3]) for v in samples.values()) else "str", path)
         if len(kinds) > 1:
             raise UserError(
                 f"the .cls labels of {files[0].parent} are of several kinds across its shards (numbers in "

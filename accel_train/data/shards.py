@@ -99,7 +99,7 @@ def find_shards(root: Path) -> tuple[list[Path], list[Path] | None, str]:
     by_split: dict[str, list[Path]] = {}
     for f in files:
         prefix = re.split(r"[-_.]", f.name, maxsplit=1)[0].lower()
-        by_split.setdefault("train" if prefix == "training" else prefix, []).append(f)
+        by_split.setdefault({"training": "train", "testing": "test"}.get(prefix, prefix), []).append(f)
     if "train" in by_split:
         return by_split["train"], next((by_split[n] for n in TEST_SPLITS if n in by_split), None), "files"
     named = [n for n in TEST_SPLITS if n in by_split]
@@ -405,6 +405,18 @@ def _identity(root: Path, train: ShardIndex, test: ShardIndex | None) -> Identit
     return Identity("shards", parts)
 
 
+def _unread(train: ShardIndex, test: ShardIndex | None, how: str) -> list[str]:
+    """One line naming the shards of other splits beside Hub-named ones (unlabeled-*, extra-*): not read."""
+    if how != "files":
+        return []
+    used = set(train.files) | set(test.files if test is not None else [])
+    unread = [f.name for f in shard_files(train.files[0].parent) if f not in used]
+    if not unread:
+        return []
+    shown = ", ".join(repr(n) for n in unread[:3]) + (", ..." if len(unread) > 3 else "")
+    return [f"{train.files[0].parent}: {len(unread)} shard(s) of other splits are not read ({shown})"]
+
+
 def _indexed(cfg: DataConfig, path: str) -> tuple[Path, ShardIndex, ShardIndex | None, str]:
     """(the folder, its training shards' index, its test shards' index or None, how it is split)."""
     root = Path(path).expanduser().absolute()
@@ -438,7 +450,7 @@ def build_shards(cfg: DataConfig, path: str) -> DataSplits:
     mean, std = _stats(train_ds, what)
     info = DatasetInfo(f"shards:{path}", len(names), channels, size, names, mean, std)
     extra = {"source": str(root), "augment": augment, "split": how, "shards": train.kind}
-    extra |= {"notes": index_cache.take_notes() + _notes(root, train, modes, channels)}
+    extra |= {"notes": index_cache.take_notes() + _notes(root, train, modes, channels) + _unread(train, test, how)}
     extra |= {"index_digest": _digest(train, test), "identity": _identity(root, train, test)}
     return DataSplits(train_ds, test_ds, info, in_memory=False, extra=extra)
 
