@@ -401,6 +401,82 @@ MUTANTS: tuple[Mutant, ...] = (
        "    mine = (splits.extra.get(\"index_digest\"), repr(shape))",
        "    mine = (splits.extra.get(\"index_digest\"), \"\")",
        f"{T_FOLDER_INDEX}::test_ranks_that_index_other_files_are_refused"),
+    # a same-size content swap with the times restored (or two class folders swapped) resumed silently
+    _m("identity-ignores-the-local-part", "data you can trust", "data/identity.py",
+       "            said.append(_local_change(name, was, now, (old_files or {}).get(name)))\n",
+       "            pass\n",
+       "tests/unit/test_data_redteam.py::test_r01_a_same_size_content_swap_with_times_restored_is_named_as_rewritten_in_place"),
+    # a shard rewritten with every label flipped (same size, time restored) resumed silently
+    _m("shard-identity-without-row-labels", "data you can trust", "data/identity.py",
+       "    h.update(repr([str(v) for v in index.values]).encode() + np.ascontiguousarray(index.labels).tobytes())\n",
+       "    h.update(repr([str(v) for v in index.values]).encode())\n",
+       "tests/unit/test_data_redteam.py::test_r03_a_shard_rewritten_in_place_with_every_label_changed_is_named"),
+    # hf .arrow labels edited with state.json untouched resumed silently
+    _m("hf-identity-without-row-labels", "data you can trust", "data/identity.py",
+       "        summary[\"row_labels\"] = h.hexdigest()[:16]\n",
+       "        pass\n",
+       "tests/unit/test_data_redteam.py::test_r04_hf_labels_edited_with_size_and_time_kept_are_named_on_another_machine_too"),
+    # an hf test ClassLabel in another order scored 0.0 on data that reaches 1.0
+    _m("hf-test-labels-by-position", "data you can trust", "data/hf.py",
+       "    by_name = _test_by_name(train, test, label_col, name)",
+       "    by_name = None",
+       "tests/unit/test_data_redteam.py::test_r06_an_hf_test_classlabel_in_another_order_is_read_by_name"),
+    # train/ + TEST/ trained the classes 'TEST' and 'train'
+    _m("split-folder-names-case-sensitive", "data you can trust", "data/folder.py",
+       "    return next((root / found[n] for n in names if n in found), None)",
+       "    return next((root / n for n in names if n in found and found[n] == n), None)",
+       "tests/unit/test_data_redteam.py::test_r07_an_uppercase_test_folder_is_the_test_split"),
+    # test/ linking to train/ scored the training images as test images
+    _m("test-linked-to-train-not-refused", "data you can trust", "data/folder.py",
+       "        refuse_linked_twice(train_index, test_index)  # a test/ that links to train/, or test images linked"
+       " in\n",
+       "",
+       "tests/unit/test_data_redteam.py::test_r08_a_test_folder_that_links_to_train_is_refused"),
+    # a file linked from dog/ into cat/ trained under both labels
+    _m("file-linked-into-another-class", "data you can trust", "data/folder_index.py",
+       "    refuse_linked_twice(index)\n",
+       "",
+       "tests/unit/test_data_redteam.py::test_r16_a_file_linked_from_one_class_into_another_is_refused"),
+    # a file linked twice in one class: held out and trained on
+    _m("file-twice-held-out-and-trained", "data you can trust", "data/folder.py",
+       "        refuse_linked_twice(train_index, same_class=True)  # one file twice could be held out and trained on\n",
+       "",
+       "tests/unit/test_data_redteam.py::test_one_file_twice_in_a_class_of_a_folder_split_by_val_split_is_refused"),
+    # train/test/ became a class named test
+    _m("split-name-inside-train-a-class", "data you can trust", "data/folder.py",
+       "    if nested:\n",
+       "    if False:\n",
+       "tests/unit/test_data_redteam.py::test_r17_a_class_named_like_a_split_inside_train_is_refused"),
+    # test-* shards without train-* pooled into training
+    _m("test-shards-pooled-into-training", "data you can trust", "data/shards.py",
+       "    if named:  # a test split without a training split: never pooled into training silently\n",
+       "    if False:\n",
+       "tests/unit/test_data_redteam.py::test_r09_test_shards_without_training_shards_are_refused_not_pooled"),
+    # two Latin-1 .cls names merged into one class
+    _m("tar-labels-decoded-with-replacement", "data you can trust", "data/shard_index.py",
+       "                        entry[3] = raw.decode(\"utf-8\").strip()\n",
+       "                        entry[3] = raw.decode(\"utf-8\", \"replace\").strip()\n",
+       "tests/unit/test_data_redteam.py::test_r10_tar_labels_that_are_not_utf8_are_refused"),
+    # numbers in one tar, names in another: four classes
+    _m("tar-label-kinds-mixed", "data you can trust", "data/shard_index.py",
+       "        if len(kinds) > 1:\n            raise UserError(\n                f\"the .cls labels of",
+       "        if False:\n            raise UserError(\n                f\"the .cls labels of",
+       "tests/unit/test_data_redteam.py::test_r11_tar_labels_numbers_in_one_shard_and_names_in_another_are_refused"),
+    # hf: on Parquet files rewritten with their times set back read datasets' stale copy
+    _m("hf-folder-read-from-a-stale-copy", "data you can trust", "data/hf.py",
+       "download_mode=None if fresh else \"force_redownload\"",
+       "download_mode=None",
+       "tests/unit/test_data_redteam.py::test_r05_hf_on_a_folder_of_data_files_rewritten_in_place_reads_them_as_they_are"),
+    # --val-split ignored on data with its own test split
+    _m("val-split-ignored-for-own-splits", "data you can trust", "data/settings.py",
+       "    if own_split and \"val_split\" in given:\n",
+       "    if False:\n",
+       "tests/unit/test_data_flags.py::test_flags_that_change_nothing_are_named"),
+    # a folder moved elsewhere could never be resumed
+    _m("moved-data-refused-as-another-dataset", "data you can trust", "resume.py",
+       " or (name == \"dataset\" and _moved(old, new, resolved))",
+       "",
+       "tests/integration/test_data_trust_runs.py::test_a_folder_moved_elsewhere_resumes_from_its_new_path_and_is_still_compared"),
 )
 # fmt: on
 

@@ -155,6 +155,30 @@ def test_r04_hf_arrow_files_edited_with_state_json_untouched_are_named(tmp_path)
     assert "rows with other labels" in change or "Arrow files changed" in change, change
 
 
+def test_r04_hf_labels_edited_with_size_and_time_kept_are_named_on_another_machine_too(tmp_path):
+    """Where inodes and change times cannot be compared (a copy on another machine), the rows' labels still are:
+    an Arrow file rewritten with other labels, its size and modification time kept, is named."""
+    import pyarrow as pa
+
+    path = write_hf_disk(tmp_path / "hfdisk", n=12, splits=True, size=8)
+    record, _ = _recorded(_build(f"hf:{path}"))
+    for part in record["parts"].values():
+        part["local"]["host"] = "another-machine"
+    (arrow,) = sorted((path / "train").glob("*.arrow"))
+    st = os.stat(arrow)
+    with pa.memory_map(str(arrow)) as source:
+        table = pa.ipc.open_stream(source).read_all()
+    moved = pa.array([(v + 1) % 3 for v in table.column("label").to_pylist()], pa.int64())
+    table = table.set_column(table.schema.get_field_index("label"), table.schema.field("label"), moved)
+    with pa.OSFile(str(arrow) + ".tmp", "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    os.replace(str(arrow) + ".tmp", arrow)
+    os.utime(arrow, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(arrow).st_size == st.st_size
+    change = identity.changes(record, _now(f"hf:{path}"))
+    assert change is not None and "rows with other labels" in change and "Arrow files changed" not in change, change
+
+
 # --------------------------------------------------------------------------- r06: hf ClassLabel orders
 
 
