@@ -153,8 +153,13 @@ def fit_here(*args: str) -> dict:
 
 
 def fit_small(out: Path, *args: str) -> dict:
-    """``fit_here`` on SMALL_RUN (later flags win) into ``out``."""
-    return fit_here(*SMALL_RUN, "--output-dir", str(out), *args)
+    """``fit_here`` on SMALL_RUN (later flags win) into ``out``; with another ``--dataset``, without SMALL_RUN's
+    synthetic-data flags (flags that do not apply to a dataset are refused)."""
+    base = SMALL_RUN
+    if "--dataset" in args:
+        drop = {i for i, a in enumerate(SMALL_RUN) if a in ("--dataset",) or a.startswith("--synthetic-")}
+        base = [a for i, a in enumerate(SMALL_RUN) if i not in drop and i - 1 not in drop]
+    return fit_here(*base, "--output-dir", str(out), *args)
 
 
 def copy_run(run: Path, tmp_path: Path) -> Path:
