@@ -2,9 +2,14 @@
 
 * an image folder: each part's (``train``; ``test`` where the folder has a split of its own) file list, every file's
   path, size and modification time, and its class names;
-* shards: each shard's name, size, modification time, row count, and the label names;
-* ``hf:`` data: each split's fingerprint (``datasets``' hash of what made it), rows and class names;
+* shards: each shard's name, size, modification time, row count, the label names and every row's label;
+* ``hf:`` data: each split's fingerprint (``datasets``' hash of what made it), rows, class names, Arrow files and
+  every row's label;
 * data held in memory (the built-in datasets, tensors given to ``accel_train.train``): a hash of the tensors.
+
+Files and shards add a ``local`` part: each one's inode and change time, with the machine's name, compared only
+on that machine (a copy elsewhere differs in them): there a file rewritten or swapped in place with its size and
+modification time kept is named too.
 
 :meth:`Identity.record` is small JSON (a digest per part and counts), recorded in config.yaml, in every checkpoint
 and in an export's config.json. A folder's whole file list (:meth:`Identity.save_files`) is kept once in the run
@@ -17,13 +22,14 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from accel_train.fsio import atomic_write
 
 EXAMPLES = 3  # file or shard names given per kind of change
 
@@ -68,16 +74,12 @@ class Identity:
         if not arrays or saved_digest(path) == self.digest:  # a resume on the same data: already there
             return
         arrays["digest"] = np.frombuffer(self.digest.encode(), dtype=np.uint8)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".npz")
-        try:
-            with os.fdopen(fd, "wb") as f:
+
+        def write(tmp: str) -> None:
+            with open(tmp, "wb") as f:  # a file object: np.savez would add .npz to a name
                 np.savez(f, **arrays)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+
+        atomic_write(path, write, "the data's file list")  # synced, renamed; a kill's temporary removed later
 
 
 def saved_digest(path: Path) -> str | None:
