@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -112,3 +113,17 @@ def shard_set(root: Path, kind: str = "parquet", layout: str = "folders", **kwar
     else:
         write_shards(root, kind, **kwargs)
     return root
+
+
+def move_arrow_labels(arrow: Path, classes: int = 3) -> None:
+    """Rewrite a ``save_to_disk`` Arrow file (IPC stream) with every label moved to the next class, as many per
+    class, the same size (``state.json``, the fingerprint, left as it was)."""
+    import pyarrow as pa
+
+    with pa.memory_map(str(arrow)) as source:
+        table = pa.ipc.open_stream(source).read_all()
+    moved = pa.array([(v + 1) % classes for v in table.column("label").to_pylist()], pa.int64())
+    table = table.set_column(table.schema.get_field_index("label"), table.schema.field("label"), moved)
+    with pa.OSFile(str(arrow) + ".tmp", "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    os.replace(str(arrow) + ".tmp", arrow)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from checks import raises_user_error
 from datafiles import age, write_hf_disk, write_image_folder
-from helpers_shards import png, write_parquet, write_shards
+from helpers_shards import move_arrow_labels, png, write_parquet, write_shards
 
 from accel_train.data import DataConfig, build_dataset, identity
 
@@ -137,18 +137,11 @@ def test_r03_a_shard_rewritten_in_place_with_every_label_changed_is_named(tmp_pa
 
 
 def test_r04_hf_arrow_files_edited_with_state_json_untouched_are_named(tmp_path):
-    import pyarrow as pa
 
     path = write_hf_disk(tmp_path / "hfdisk", n=12, splits=True, size=8)
     record, _ = _recorded(_build(f"hf:{path}"))
     (arrow,) = sorted((path / "train").glob("*.arrow"))
-    with pa.memory_map(str(arrow)) as source:
-        table = pa.ipc.open_stream(source).read_all()
-    moved = pa.array([(v + 1) % 3 for v in table.column("label").to_pylist()], pa.int64())
-    table = table.set_column(table.schema.get_field_index("label"), table.schema.field("label"), moved)
-    with pa.OSFile(str(arrow) + ".tmp", "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    os.replace(str(arrow) + ".tmp", arrow)
+    move_arrow_labels(arrow)
     change = identity.changes(record, _now(f"hf:{path}"))
     assert change is not None, "an hf dataset's Arrow file rewritten (labels moved) went unnoticed"
     assert change.startswith("train:"), change
@@ -158,7 +151,6 @@ def test_r04_hf_arrow_files_edited_with_state_json_untouched_are_named(tmp_path)
 def test_r04_hf_labels_edited_with_size_and_time_kept_are_named_on_another_machine_too(tmp_path):
     """Where inodes and change times cannot be compared (a copy on another machine), the rows' labels still are:
     an Arrow file rewritten with other labels, its size and modification time kept, is named."""
-    import pyarrow as pa
 
     path = write_hf_disk(tmp_path / "hfdisk", n=12, splits=True, size=8)
     record, _ = _recorded(_build(f"hf:{path}"))
@@ -166,13 +158,7 @@ def test_r04_hf_labels_edited_with_size_and_time_kept_are_named_on_another_machi
         part["local"]["host"] = "another-machine"
     (arrow,) = sorted((path / "train").glob("*.arrow"))
     st = os.stat(arrow)
-    with pa.memory_map(str(arrow)) as source:
-        table = pa.ipc.open_stream(source).read_all()
-    moved = pa.array([(v + 1) % 3 for v in table.column("label").to_pylist()], pa.int64())
-    table = table.set_column(table.schema.get_field_index("label"), table.schema.field("label"), moved)
-    with pa.OSFile(str(arrow) + ".tmp", "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    os.replace(str(arrow) + ".tmp", arrow)
+    move_arrow_labels(arrow)
     os.utime(arrow, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert os.stat(arrow).st_size == st.st_size
     change = identity.changes(record, _now(f"hf:{path}"))
