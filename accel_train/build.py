@@ -25,7 +25,7 @@ from accel_train.data import build_dataset
 from accel_train.data.base import DataSplits
 from accel_train.data.folder import unaugmented_sample
 from accel_train.data.pipeline import BatchNormalizer, BatchPlan, make_loader, place_on_device, plan_batches
-from accel_train.data.settings import flags_that_do_not_apply
+from accel_train.data.settings import refuse_flags_that_do_not_apply
 from accel_train.defaults import Defaults, choose
 from accel_train.errors import CheckpointError, UserError
 from accel_train.features import TrainFeatures, use_keyed_dropout
@@ -281,24 +281,23 @@ def _check_resumed_data(cfg: TrainConfig, rt: Runtime, splits: DataSplits, run_d
     ident = of_splits(splits)
     own_split = splits.extra.get("split") in ("folders", "files", "splits")
     given = {name: getattr(cfg, name) for name in getattr(cfg, "given", None) or () if hasattr(cfg, name)}
-    wrong = flags_that_do_not_apply(cfg.dataset, given, own_split)
-    if wrong and given_data is None:  # (accel_train.train's own data takes no dataset flags)
-        raise UserError(f"{', '.join(wrong)} do(es) not apply to --dataset {cfg.dataset}; drop it")
+    if given_data is None:  # (accel_train.train's own data takes no dataset flags)
+        refuse_flags_that_do_not_apply(cfg.dataset, given, own_split)
     if resume_path is None:
         return ident
-    change = shape = None
+    change = shape = step = None
     if rt.is_main:
         progress = read_progress(resume_path)
         recorded = (progress.get("resolved") or {}).get("data") or {}
         files = load_files(run_dir / DATA_FILES, recorded.get("digest", "")) if recorded else None
         change, shape = data_change(progress, ident, files), _shape_change(progress.get("model_config"), splits.info)
+        step = progress["state"]["global_step"]
     if rt.accelerator.num_processes > 1:
         from accelerate.utils import gather_object
 
-        change, shape = gather_object([(change, shape)])[0]
+        change, shape, step = gather_object([(change, shape, step)])[0]
     if change is None and shape is None:
         return ident
-    step = read_progress(resume_path)["state"]["global_step"]
     if shape is not None:  # no flag helps: the checkpoint's weights do not fit the model this data needs
         said = data_refusal(cfg.dataset, step, "; ".join(filter(None, [change, shape])))
         raise UserError(said.split("; --resume-changed-data")[0])

@@ -33,7 +33,7 @@ from torch.utils.data import Dataset
 from accel_train.data import index_cache
 from accel_train.data.augment import Augmented, CropFlip, KeyedAugment, crop_flip
 from accel_train.data.base import DataConfig, DatasetInfo, DataSplits, stratified_split
-from accel_train.data.folder_index import FileImageDataset, FolderIndex, index_folder, refuse_linked_twice
+from accel_train.data.folder_index import FileImageDataset, FolderIndex, index_folder, refuse_linked_twice, top_folders
 from accel_train.data.identity import folder_identity
 from accel_train.data.images import DECODE_ERRORS, channels_for, check_images, mixed_modes_note
 from accel_train.data.pixels import (  # noqa: F401  (re-exported: hf.py, api.py, preprocess.py import them here)
@@ -43,6 +43,7 @@ from accel_train.data.pixels import (  # noqa: F401  (re-exported: hf.py, api.py
     images_to_nchw,
     infer_channels,
 )
+from accel_train.data.settings import refuse_flags_that_do_not_apply
 from accel_train.errors import UserError
 
 DEFAULT_IMAGE_SIZE = 64  # used when the images differ in size and cfg.image_size is unset
@@ -200,8 +201,7 @@ def _check_classes(directory: Path, least: int = 2, exclude: frozenset[str] = fr
     index = _index(directory, exclude)
     layout = f"expected {directory}/<class name>/<image file>, one subfolder per class"
     if not index.classes:
-        subfolders = sorted(e.name for e in os.scandir(directory) if e.is_dir() and not e.name.startswith("."))
-        subfolders = [name for name in subfolders if name not in exclude]
+        subfolders = top_folders(directory, exclude)
         what = f"no image files in its subfolders ({', '.join(subfolders)})" if subfolders else "no class subfolders"
         raise UserError(f"empty folder: {directory} has {what}{_skipped_words(index)}; {layout}")
     if len(index.classes) < least:
@@ -251,7 +251,7 @@ def imagefolder_layout(root: Path) -> tuple[str, Path]:
         return "classes", root
     if split_folder(root, ("train",)) is not None:
         return "split", test_dir
-    others = [name for name in _top_names(root) if name.lower() not in TEST_DIR_NAMES]
+    others = [name for name in top_folders(root) if name.lower() not in TEST_DIR_NAMES]
     return ("beside", test_dir) if others else ("test", test_dir)
 
 
@@ -262,13 +262,6 @@ def split_folder(root: Path, names: tuple[str, ...]) -> Path | None:
     except OSError:
         return None
     return next((root / found[n] for n in names if n in found), None)
-
-
-def _top_names(root: Path) -> list[str]:
-    try:
-        return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
-    except OSError as exc:
-        raise UserError(f"cannot list {root}: {exc.strerror or exc}; check its permissions") from None
 
 
 def _root(path: str) -> Path:
@@ -333,16 +326,9 @@ def valid_stats(saved, channels: int) -> bool:
         return False
 
 
-def _check_flags(cfg: DataConfig, what: str) -> None:
-    """Flags that do not apply to this format are refused, never ignored."""
-    for flag, value in (("--image-column", cfg.image_column), ("--label-column", cfg.label_column)):
-        if value is not None:
-            raise UserError(f"{flag} does not apply to {what}; drop it (it picks a column of hf: data or shards)")
-
-
 def build_imagefolder(cfg: DataConfig, path: str) -> DataSplits:
     """Classification data from a folder of class subfolders (see the module docstring)."""
-    _check_flags(cfg, "image folders (the class is the subfolder's name)")
+    refuse_flags_that_do_not_apply(cfg.dataset, {"image_column": cfg.image_column, "label_column": cfg.label_column})
     root = _root(path)
     layout, test_dir = imagefolder_layout(root)
     if layout == "test":
@@ -392,9 +378,9 @@ def _left_out(root: Path, layout: str, test_dir: Path | None) -> list[str]:
     """One line naming what the layout does not read: folders beside ``train/`` and the test folder (another
     split folder among them), and images lying loose in the folder or in a split folder (not in a class)."""
     train = split_folder(root, ("train",)) if layout == "split" else None
-    folders = [n for n in _top_names(root) if n not in (test_dir.name, train.name)] if train and test_dir else []
+    folders = [n for n in top_folders(root) if n not in (test_dir.name, train.name)] if train and test_dir else []
     if layout == "beside" and test_dir is not None:
-        folders = [n for n in _top_names(root) if n.lower() in TEST_DIR_NAMES and n != test_dir.name]
+        folders = [n for n in top_folders(root) if n.lower() in TEST_DIR_NAMES and n != test_dir.name]
     loose = []
     for where in {root, *(d for d in (test_dir, train) if d is not None)}:
         try:
@@ -413,9 +399,9 @@ def _left_out(root: Path, layout: str, test_dir: Path | None) -> list[str]:
 def _train_index(root: Path, layout: str) -> FolderIndex:
     """The training split's index: ``train/``, or the class folders beside the split folder (its name left out)."""
     if layout == "beside":
-        return _check_classes(root, exclude=frozenset(n for n in _top_names(root) if n.lower() in TEST_DIR_NAMES))
+        return _check_classes(root, exclude=frozenset(n for n in top_folders(root) if n.lower() in TEST_DIR_NAMES))
     train = split_folder(root, ("train",))
-    nested = [n for n in _top_names(train) if n.lower() in (*TEST_DIR_NAMES, "train")]
+    nested = [n for n in top_folders(train) if n.lower() in (*TEST_DIR_NAMES, "train")]
     if nested:
         raise UserError(
             f"{train} holds a folder named {nested[0]!r}, a split folder's name, as a class: move it to "
@@ -448,7 +434,7 @@ def build_imagefolder_eval(
     labelled by ``class_names`` (the model's, matched by folder name: a folder may hold a subset of the classes).
     ``extra["evaluated"]`` says in words which images were scored.
     """
-    _check_flags(cfg, "image folders (the class is the subfolder's name)")
+    refuse_flags_that_do_not_apply(cfg.dataset, {"image_column": cfg.image_column, "label_column": cfg.label_column})
     root = _root(path)
     layout, folder = imagefolder_layout(root)
     index = _check_classes(folder, least=1)

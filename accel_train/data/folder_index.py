@@ -149,7 +149,8 @@ class _Scan:
             self.walk(os.path.join(top, name), prefix + name)
 
 
-def _top_folders(root: Path, exclude: frozenset[str]) -> list[str]:
+def top_folders(root: Path, exclude: frozenset[str] = frozenset()) -> list[str]:
+    """The sorted names of ``root``'s non-hidden subfolders (links followed), less those in ``exclude``."""
     try:
         return sorted(
             e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith(".") and e.name not in exclude
@@ -164,7 +165,7 @@ def index_folder(root: Path, extensions: frozenset[str], exclude: frozenset[str]
     inode, so facts of other content are never read."""
     scan = _Scan(extensions)
     labels = []
-    classes = _top_folders(root, exclude)
+    classes = top_folders(root, exclude)
     for label, name in enumerate(classes):
         before = len(scan.files)
         scan.walk(os.fsencode(str(root / name)), os.fsencode(name))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from accel_train.errors import UserError
 from accel_train.flags import SAFE
 from accel_train.flags import setting as _f
 from accel_train.limits import MAX_CHANNELS, MAX_CLASSES, MAX_IMAGE_SIZE
@@ -84,3 +85,11 @@ def flags_that_do_not_apply(dataset: str, given: dict | None, own_split: bool) -
     if own_split and "val_split" in given:
         wrong.append("--val-split (this data has a test split of its own)")
     return wrong
+
+
+def refuse_flags_that_do_not_apply(dataset: str, given: dict | None, own_split: bool = False) -> None:
+    """:func:`flags_that_do_not_apply` as a one-line error: the one rule training (``build``) and the data
+    builders ``accel-evaluate`` also runs (an image folder's) refuse by."""
+    wrong = flags_that_do_not_apply(dataset, given, own_split)
+    if wrong:
+        raise UserError(f"{', '.join(wrong)} do(es) not apply to --dataset {dataset}; drop it")

@@ -399,7 +399,7 @@ def _index_tar(files: list[Path]):
             texts.append(label)
         starts.append(len(texts))
         group_bytes.append(sum(sizes[starts[-2] :]))
-    kind = "int" if all(_INT.fullmatch(t) for t in texts) else "str"
+    kind = next(iter(kinds), "int")  # one kind across the shards (checked above)
     raw = np.asarray([int(t) for t in texts] if kind == "int" else texts, dtype=np.int64 if kind == "int" else str)
     codes, values, _ = _codes([raw], {kind}, files)
     blob, name_offsets = index_cache.join_blob(names)

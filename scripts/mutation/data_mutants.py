@@ -40,7 +40,7 @@ DATA_MUTANTS: tuple[Mutant, ...] = (
        f"{T_IDENTITY}::test_a_modification_time_alone_is_a_change"),
     # F/{a,b}/ beside F/test/: a third class named test
     _m("split-folder-beside-classes-read-as-a-class", "data you can trust", "data/folder.py",
-       "return _check_classes(root, exclude=frozenset(n for n in _top_names(root) if n.lower() in TEST_DIR_NAMES))",
+       "return _check_classes(root, exclude=frozenset(n for n in top_folders(root) if n.lower() in TEST_DIR_NAMES))",
        "return _check_classes(root)",
        f"{T_IDENTITY}::test_class_folders_beside_a_test_folder_are_the_training_split"),
     # a class folder of .HEIC photos dropped without a word

@@ -33,3 +33,17 @@ def test_flags_that_apply_pass():
 def test_a_flag_at_its_default_changes_nothing_and_passes():
     """A recipe's data_dir: data (the default) beside another dataset is not an error."""
     assert flags_that_do_not_apply("synthetic", {"data_dir": "data", "download": False}, False) == []
+
+
+def test_an_image_folder_refuses_column_flags_for_training_and_evaluation(tmp_path):
+    """The folder's builders (train.py's and accel-evaluate's) refuse by the same rule as the run."""
+    from checks import raises_user_error
+    from datafiles import write_image_folder
+
+    from accel_train.data import DataConfig, build_dataset
+    from accel_train.data.folder import build_imagefolder_eval
+
+    root = write_image_folder(tmp_path / "imgs", per_class=4, size=8)
+    cfg = DataConfig(dataset=f"imagefolder:{root}", label_column="label")
+    for build in (lambda: build_dataset(cfg), lambda: build_imagefolder_eval(cfg, str(root), False)):
+        raises_user_error(build, "--label-column (for hf:, shards:)", "drop it")
