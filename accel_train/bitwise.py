@@ -33,12 +33,13 @@ def refuse_unless_bitwise(acc, model: nn.Module, data_parallel: bool, micro_batc
         )
     if data_parallel or acc.distributed_type.value not in ("NO", "MULTI_CPU", "MULTI_GPU"):
         raise UserError(f"--bitwise needs one model per process (DDP or one process), not {acc.distributed_type.value}")
-    norms = [type(m).__name__ for m in model.modules() if isinstance(m, nn.modules.batchnorm._NormBase)]
-    norms += [type(m).__name__ for m in model.modules() if "BatchNorm" in type(m).__name__]
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._NormBase) or "BatchNorm" in str(type(m))]
+    norms = [type(m).__name__ for m in norms if m.training]  # --bn-stats loaded: in eval mode, each image alone
     if norms:
         raise UserError(
-            f"--bitwise cannot train a BatchNorm model ({norms[0]}): a micro-batch's statistics (and --sync-bn's, "
-            "summed over the processes) differ from one setup to another; use a model without BatchNorm"
+            f"--bitwise cannot train a BatchNorm model ({norms[0]}) on batch statistics: a micro-batch's (and "
+            "--sync-bn's, summed over the processes) differ from one setup to another; use a model without "
+            "BatchNorm, or --bn-stats loaded with --pretrained weights"
         )
     if micro_batch != wanted:
         raise UserError(

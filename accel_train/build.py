@@ -30,19 +30,20 @@ from accel_train.defaults import Defaults, choose
 from accel_train.errors import CheckpointError, UserError
 from accel_train.features import TrainFeatures, use_keyed_dropout
 from accel_train.features.device_batch import AUTO, fit_device_batch
-from accel_train.features.finetune import freeze, frozen_names, head_lr_scales
+from accel_train.features.finetune import freeze, frozen_names, head_lr_scales, keep_statistics
 from accel_train.fsio import writing
 from accel_train.meters import StepTimer, Window
 from accel_train.models import check_model_name, create_model
 from accel_train.models.pretrained import PretrainedInfo, check_spec, is_file_spec, load_pretrained
 from accel_train.models.pretrained import describe as describe_pretrained
 from accel_train.optim import GradClipper, build_optimizer, build_scheduler, direct_backward, replan_schedule
+from accel_train.photo_defaults import choose_for_photos
 from accel_train.plan_warnings import warn_about_run
 from accel_train.preprocess import describe_training_images
 from accel_train.resume import check_extension
 from accel_train.run_dir import ABANDONED, CONFIG, DATA_FILES, RunDir
 from accel_train.runtime import Runtime, bf16_cpu_note, check_fsdp_batchnorm, configure_backends
-from accel_train.sync_bn import apply_sync_bn
+from accel_train.sync_bn import apply_sync_bn, split_batch_warning
 from accel_train.tracking import RunLogger, tracker_names
 from accel_train.trainer import Trainer
 
@@ -66,6 +67,8 @@ def build_trainer(
     _check_inputs(cfg, rt, run_dir, resume_path)
     with acc.main_process_first():  # downloads and caches happen once
         splits = given.get("splits") or build_dataset(cfg.data_config())  # given: accel_train.train's data
+    if not given.get("splits"):  # a folder of photos: ImageNet weights when they are at hand
+        cfg, picked, splits = choose_for_photos(cfg, rt, splits, picked, lambda c: build_dataset(c.data_config()))
     check_same_data(acc, splits)
     ident = _check_resumed_data(cfg, rt, splits, run_dir, resume_path, given.get("splits"))  # before any model
     device_batch = None if cfg.max_device_batch == AUTO else cfg.max_device_batch  # auto: probed in _prepare
@@ -86,6 +89,8 @@ def build_trainer(
     resolved = _resolved(acc, plan, lr, total_steps, steps_per_epoch, chosen)
     resolved["augment"] = splits.extra.get("augment")  # the description: random_crop(...)+hflip, or None
     resolved["defaults"] = picked.record(cfg.epochs) if picked else _saved_defaults(resume_path)  # what, and why
+    if picked.pretrained and pre is not None:
+        resolved["defaults"].update(pre.record())  # the weights' file and sha256
     meta = _meta(cfg, splits, pre, resolved, ident)
     state = _resume(cfg, rt, resume_path, scheduler, plan, total_steps, feats) if resume_path else TrainState()
     _open_run_folder(cfg, rt, run_dir, resume_path, resolved, ident)
@@ -341,6 +346,11 @@ def _prepare(
         model = apply_sync_bn(model, rt)
     if cfg.freeze:  # after --sync-bn, which replaces BatchNorm layers
         _freeze(cfg, rt, model, pre)
+    if cfg.bn_stats == "loaded":
+        rt.print(f"accel_train: --bn-stats loaded: {len(keep_statistics(model))} BatchNorm layers on their statistics")
+    split_warning = None if cfg.sync_bn else split_batch_warning(model, rt, plan.micro_batch)
+    if split_warning:
+        rt.warn(f"{cfg.model}: {split_warning}")
     scales = head_lr_scales(model, pre.head, lr, cfg.head_lr) if cfg.head_lr and pre else {}
     if backends.channels_last:
         model = model.to(memory_format=torch.channels_last)

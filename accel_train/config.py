@@ -69,6 +69,10 @@ class TrainConfig:
     head_lr: float | None = _f(
         None, "learning rate of the new head with --pretrained; the schedule scales it like --lr (default: --lr)"
     )
+    bn_stats: str = _f(
+        "batch", "BatchNorm's statistics in training: batch (each micro-batch's) or loaded (the weights' running "
+        "statistics, kept: the same on any number of processes, and --bitwise)", choices=("batch", "loaded"),
+    )  # fmt: skip
     dataset: str = same_as(DataConfig, "dataset")
     data_dir: str = same_as(DataConfig, "data_dir")
     download: bool = same_as(DataConfig, "download")

@@ -25,6 +25,7 @@ values out (the config's validation uses it too).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -33,10 +34,18 @@ from dataclasses import dataclass
 BUILTIN_DATASETS = frozenset({"digits", "synthetic", "mnist", "fashion_mnist", "cifar10"})
 #: The sources whose builders read ``--augment`` (``data/folder.py``'s ``augment_for``: crop + flip).
 AUGMENTED_SOURCES = ("imagefolder:", "hf:", "shards:")
-MODEL = "small_cnn"
+MODEL = "small_cnn_gn"
 #: The least optimizer steps of a run on the user's own data (measured on six 120-image shapes folders,
 #: ``benchmarks/shapes_bench.py``: 300 steps ended at 90-100% test accuracy, 400 at 90-100%, 500 at 96.7-100%).
 MIN_STEPS = 500
+#: Photos (:func:`looks_like_photos`) fine-tune the PyTorch transfer-learning tutorial's model from its ImageNet
+#: weights when they are at hand (``photo_defaults.py``): the tutorial's recipe (SGD, momentum 0.9, lr 0.001 at
+#: batch 4, scaled to batch 32; 25 epochs of its 245 ants/bees images, about 200 steps at batch 32), at the weights'
+#: 224 pixels, BatchNorm on the weights' statistics (the same on 1 and N processes, and ``--bitwise``).
+PHOTO_SIDE = 96
+PHOTO_MODEL = "tv:resnet18"
+PHOTO_RECIPE = {"optimizer": "sgd", "lr": 0.008, "bn_stats": "loaded", "image_size": 224}
+PHOTO_MIN_STEPS = 200
 
 
 @dataclass(frozen=True)
@@ -48,13 +57,22 @@ class Defaults:
     augment: bool | None = None
     channels_last: bool | None = None
     min_steps: int | None = None
+    # photos with ImageNet weights at hand (:func:`for_photos`): the fine-tuning recipe, and why
+    pretrained: str | None = None
+    image_size: int | None = None
+    optimizer: str | None = None
+    lr: float | None = None
+    bn_stats: str | None = None
+    photos: str = ""  # what made the images photos, and where the weights are
 
     def __bool__(self) -> bool:
         return self.model is not None
 
     def settings(self) -> dict[str, object]:
         """The config fields this choice sets (``epochs`` follows, once the steps per epoch are known)."""
-        chosen = {"model": self.model, "augment": self.augment, "channels_last": self.channels_last}
+        chosen = {"model": self.model, "augment": self.augment, "channels_last": self.channels_last,
+                  "pretrained": self.pretrained, "image_size": self.image_size, "optimizer": self.optimizer,
+                  "lr": self.lr, "bn_stats": self.bn_stats}  # fmt: skip
         return {name: value for name, value in chosen.items() if value is not None}
 
     def epochs(self, epochs: int, steps_per_epoch: int) -> int:
@@ -64,7 +82,8 @@ class Defaults:
         return math.ceil(self.min_steps / steps_per_epoch)
 
     def why(self) -> str:
-        return f"{self.dataset} is not a built-in dataset with a recipe of its own, and no --model was given"
+        said = f"{self.dataset} is not a built-in dataset with a recipe of its own, and no --model was given"
+        return f"{said}; {self.photos}" if self.photos else said
 
     def record(self, epochs: int) -> dict[str, object]:
         """``resolved.defaults`` in config.yaml and the checkpoints: what was chosen, and why."""
@@ -72,14 +91,42 @@ class Defaults:
 
     def describe(self, epochs: int, steps_per_epoch: int) -> str:
         """The run's start line (without the ``accel_train:`` prefix)."""
-        parts = [f"--model {self.model} (small CNN with global pooling: the class wherever the object is)"]
+        if self.pretrained:
+            parts = [f"--model {self.model} --pretrained (ImageNet weights, fine-tuned)"]
+            recipe = {name: getattr(self, name) for name in ("bn_stats", "optimizer", "lr", "image_size")}
+            parts += [f"--{k.replace('_', '-')} {v:g}" if isinstance(v, float) else f"--{k.replace('_', '-')} {v}"
+                      for k, v in recipe.items() if v is not None]  # fmt: skip
+        else:
+            parts = [f"--model {self.model} (small CNN with global pooling: the class wherever the object is)"]
         if self.augment:
-            parts.append("--augment (random crop + flip; --no-augment where a mirrored image is another class)")
+            parts.append("--augment (random crop, and flip for colour images; --no-augment turns it off)")
         if self.channels_last:
             parts.append("--channels-last")
         if self.min_steps:
             parts.append(f"--epochs {epochs} ({epochs * steps_per_epoch} steps: at least {self.min_steps})")
-        return f"defaults for your data ({self.why()}): {', '.join(parts)}; flags choose otherwise"
+        instead = f"; --model {MODEL} trains from scratch instead" if self.pretrained else ""
+        return f"defaults for your data ({self.why()}): {', '.join(parts)}; flags choose otherwise{instead}"
+
+    def for_photos(self, given: Collection[str] | None, why: str) -> Defaults:
+        """This choice for photos whose ImageNet weights are at hand (``why``: what made them photos, and where
+        the weights are): :data:`PHOTO_MODEL` fine-tuned with :data:`PHOTO_RECIPE`, for what the user did not set."""
+        given = set(given or ())
+        recipe = {k: v for k, v in PHOTO_RECIPE.items() if k not in given}
+        steps = None if self.min_steps is None else PHOTO_MIN_STEPS
+        return dataclasses.replace(self, model=PHOTO_MODEL, pretrained="DEFAULT", min_steps=steps, photos=why,
+                                   **recipe)  # fmt: skip
+
+
+def looks_like_photos(channels: int, short_sides: Collection[int]) -> str:
+    """Why images of ``channels`` channels whose distinct sizes have these short sides are photos ("" if they are
+    not): colour, and a median short side of :data:`PHOTO_SIDE` pixels or more. Digits, drawings, small grey
+    images (MNIST's 28, CIFAR's 32, the shapes' 64) are not; nor are grey photos (ImageNet's weights see colour)."""
+    if channels != 3 or not short_sides:
+        return ""
+    side = sorted(short_sides)[len(short_sides) // 2]
+    if side < PHOTO_SIDE:
+        return ""
+    return f"colour images, {side} pixels a side (median)"
 
 
 def choose(dataset: str, given: Collection[str] | None) -> Defaults:

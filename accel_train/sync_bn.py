@@ -254,3 +254,23 @@ def apply_sync_bn(model: nn.Module, rt: Runtime) -> nn.Module:
     kind = "torch SyncBatchNorm" if acc.device.type == "cuda" else "all-reduce (gloo) batch norm"
     rt.print(f"sync-bn: converted {layers} BatchNorm layers ({kind}, {acc.num_processes} processes)")
     return model
+
+
+def split_batch_warning(model: nn.Module, rt: Runtime, micro_batch: int) -> str | None:
+    """The line a run with BatchNorm on batch statistics and no ``--sync-bn`` prints where the batch is split
+    (several processes, or ``nn.DataParallel``): it does not train the 1-process run's weights. None elsewhere."""
+    acc = rt.accelerator
+    live = sum(isinstance(m, _BatchNorm) and m.training for m in model.modules())
+    data_parallel = should_use_data_parallel(acc.distributed_type, acc.device.type, torch.cuda.device_count())
+    if not live or (acc.num_processes < 2 and not data_parallel):
+        return None
+    if data_parallel:
+        return (
+            f"{live} BatchNorm layers normalise each GPU's slice of the batch under nn.DataParallel: the weights "
+            "differ from one device's run; launch one process per GPU with --sync-bn (docs/parity.md)"
+        )
+    return (
+        f"{live} BatchNorm layers normalise each process's own {micro_batch} images: the weights differ from a "
+        "1-process run's at the same global batch; --sync-bn keeps them the same, or --bn-stats loaded with "
+        "--pretrained weights (docs/parity.md)"
+    )

@@ -18,6 +18,9 @@ python -m benchmarks data-scale --root DIR [--train 100000]   # an image folder 
 
 python -m benchmarks shapes [--seeds 0,1,2] [-- FLAGS]   # the README's folder command on drawn shapes, 3 seeds
 (benchmarks/shapes_bench.py: test accuracy, the memorisation warning, seconds from process start, CPU seconds)
+
+python -m benchmarks photos [--folder DIR] [--torch-home DIR]   # photos: fine-tuned beside from scratch
+(benchmarks/photos_bench.py: the default's choice, accuracy, seconds, CPU seconds)
 """
 
 import sys
@@ -109,6 +112,10 @@ def main(argv=None):
         from benchmarks.shapes_bench import main as shapes
 
         return shapes(argv[1:])
+    if argv[:1] == ["photos"]:
+        from benchmarks.photos_bench import main as photos
+
+        return photos(argv[1:])
     if argv[:1] == ["data-scale"]:
         from benchmarks.data_scale import main as data_scale
 

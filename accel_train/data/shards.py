@@ -444,7 +444,7 @@ def build_shards(cfg: DataConfig, path: str) -> DataSplits:
         train_rows, test_rows, what = held[0].numpy(), held[1].numpy(), f"split:{cfg.val_split}:{cfg.seed}"
     modes, sizes = _headers(train)
     channels, size = channels_for(modes), choose_image_size(sizes, cfg.image_size)
-    transform, augment = augment_for(cfg, size)
+    transform, augment = augment_for(cfg, size, channels)
     train_ds = ShardDataset(train, channels, size, train_rows, maps[0], transform=transform)
     test_ds = ShardDataset(test or train, channels, size, test_rows, maps[-1])
     mean, std = _stats(train_ds, what)

@@ -1,4 +1,4 @@
-"""Fine-tuning controls: ``--freeze`` and ``--head-lr``.
+"""Fine-tuning controls: ``--freeze``, ``--head-lr`` and ``--bn-stats``.
 
 ``--freeze backbone`` keeps every parameter but the new head (the tensors whose shape follows the number of
 classes, ``models/pretrained.py``) exactly as loaded; ``--freeze PATTERNS`` (comma-separated ``fnmatch``
@@ -60,6 +60,21 @@ def freeze(model: nn.Module, names: list[str]) -> list[str]:
     for name, module in model.named_modules():
         params = list(module.parameters(recurse=False))
         if isinstance(module, _BatchNorm) and params and not any(p.requires_grad for p in params):
+            module.train = types.MethodType(_stay_in_eval, module)  # model.train() leaves it in eval mode
+            module.eval()
+            kept.append(name)
+    return kept
+
+
+def keep_statistics(model: nn.Module) -> list[str]:
+    """``--bn-stats loaded``: every BatchNorm layer normalises with its running statistics (the loaded weights'),
+    in training too, while its scale and shift still train. Each image is then normalised alone, as in
+    evaluation: no statistic of the batch, so 1 and N processes (and ``--bitwise``) compute the same thing. The
+    fine-tuning practice of torchvision's detection models (``FrozenBatchNorm2d``), keeping the module and its
+    ``state_dict`` keys. Returns the layers' names."""
+    kept = []
+    for name, module in model.named_modules():
+        if isinstance(module, _BatchNorm) and module.running_mean is not None:
             module.train = types.MethodType(_stay_in_eval, module)  # model.train() leaves it in eval mode
             module.eval()
             kept.append(name)

@@ -14,6 +14,7 @@ come from the constructor arguments.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable
 
@@ -38,6 +39,7 @@ _MODELS: dict[str, ModelBuilder] = {
     "tv_resnet18": tv_resnet18,
     "airbench": AirbenchNet,
     "small_cnn": SmallCNN,
+    "small_cnn_gn": functools.partial(SmallCNN, norm="group"),
 }
 _SPEC_HELP = "tv:NAME (a torchvision classifier, e.g. tv:resnet50) or package.module:callable (your own code)"
 

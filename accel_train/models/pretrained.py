@@ -109,6 +109,35 @@ def _enum_state_dict(weights) -> dict[str, torch.Tensor]:
         ) from None
 
 
+def fetch_default_weights(model: str, download: bool = True, timeout_s: float = 30.0) -> tuple[Path | None, str]:
+    """``model``'s default weights in torchvision's cache: (the file, "") when they are there or were just
+    downloaded into it (``download``; a socket ``timeout_s``: an unreachable index fails in seconds, not hangs),
+    else (None, why in words)."""
+    import socket
+
+    weights = _weights_enum(model.removeprefix(tv.PREFIX), DEFAULT)
+    path = cache_path(weights)
+    if path.is_file():
+        return path, ""
+    if not download:
+        return None, f"{path} is missing and downloads are off"
+    before = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(timeout_s)
+    try:
+        weights.get_state_dict(progress=False, check_hash=True)
+    except (OSError, RuntimeError, ValueError) as exc:  # URLError is an OSError; a damaged download a RuntimeError
+        return None, f"{path} is missing and {weights.url} cannot be downloaded ({' '.join(str(exc).split())[:80]})"
+    finally:
+        socket.setdefaulttimeout(before)
+    return (path, "") if path.is_file() else (None, f"{path} is missing after its download")
+
+
+def weights_url(model: str) -> tuple[str, Path]:
+    """Where ``model``'s default weights are downloaded from, and where torchvision's cache keeps them."""
+    weights = _weights_enum(model.removeprefix(tv.PREFIX), DEFAULT)
+    return weights.url, cache_path(weights)
+
+
 @functools.lru_cache(maxsize=16)
 def head_names(name: str, in_channels: int, image_size: int, num_classes: int) -> tuple[str, ...]:
     """The tensors of ``tv:name`` whose shape follows the number of classes (meta device: nothing allocated)."""

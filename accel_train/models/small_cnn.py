@@ -23,12 +23,19 @@ import torch.nn as nn
 WIDTH = 24  # channels of the first convolution, doubled at each pooling (16 left a folder at 83%; 32: 1.3x the time)
 STRIDE_FROM = 48  # images this large or larger start with a stride-2 convolution
 SMALLEST_MAP = 8  # pool while the feature map is larger than this
+GROUPS = 8  # GroupNorm's groups a layer
 
 
-def _conv(in_channels: int, out_channels: int, stride: int = 1) -> nn.Sequential:
+def _norm(kind: str, channels: int) -> nn.Module:
+    if kind == "batch":
+        return nn.BatchNorm2d(channels)
+    return nn.GroupNorm(min(GROUPS, channels), channels)
+
+
+def _conv(in_channels: int, out_channels: int, stride: int = 1, norm: str = "group") -> nn.Sequential:
     return nn.Sequential(
         nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False),
-        nn.BatchNorm2d(out_channels),
+        _norm(norm, out_channels),
         nn.ReLU(inplace=True),
     )
 
@@ -36,13 +43,15 @@ def _conv(in_channels: int, out_channels: int, stride: int = 1) -> nn.Sequential
 class SmallCNN(nn.Module):
     """Centred input, conv-BN-ReLU stages with 2x2 max-pools, global max-pool, linear head."""
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 3, image_size: int = 64, width: int = WIDTH):
+    def __init__(
+        self, num_classes: int = 10, in_channels: int = 3, image_size: int = 64, width: int = WIDTH, norm: str = "batch"
+    ):
         super().__init__()
         stride = 2 if image_size >= STRIDE_FROM else 1
         side, channels = -(-image_size // stride), width
-        layers = [_conv(in_channels, width, stride)]
+        layers = [_conv(in_channels, width, stride, norm)]
         while side > SMALLEST_MAP:
-            layers += [nn.MaxPool2d(2), _conv(channels, 2 * channels)]
+            layers += [nn.MaxPool2d(2), _conv(channels, 2 * channels, norm=norm)]
             side, channels = side // 2, 2 * channels
         self.features = nn.Sequential(*layers)
         self.head = nn.Linear(channels, num_classes)

@@ -9,8 +9,19 @@ from pathlib import Path
 
 from mutation.base import PACKAGE, PROMISES, CheckError, Mutant, _m
 from mutation.data_mutants import DATA_MUTANTS
+from mutation.defaults_mutants import DEFAULTS_MUTANTS
 
-__all__ = ["DATA_MUTANTS", "MUTANTS", "PACKAGE", "PROMISES", "CheckError", "Mutant", "load_mutants", "select"]
+__all__ = [
+    "DATA_MUTANTS",
+    "DEFAULTS_MUTANTS",
+    "MUTANTS",
+    "PACKAGE",
+    "PROMISES",
+    "CheckError",
+    "Mutant",
+    "load_mutants",
+    "select",
+]
 
 T_PROMISES = "tests/integration/test_promises_runs.py"
 T_DEFAULTS_RUNS = "tests/integration/test_defaults_runs.py"
@@ -287,6 +298,7 @@ MUTANTS: tuple[Mutant, ...] = (
 )
 # fmt: on
 MUTANTS += DATA_MUTANTS  # data_mutants.py: the data modules' part of the list
+MUTANTS += DEFAULTS_MUTANTS  # defaults_mutants.py: the defaults for your own data (issue 50)
 
 
 # ---- the mutant list -------------------------------------------------------------------------------------------------

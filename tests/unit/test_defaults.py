@@ -37,7 +37,7 @@ def test_builtin_datasets_keep_their_recipe(dataset):
 def test_own_data_without_a_model_gets_the_small_cnn_augmented_and_enough_steps(dataset):
     cfg, after, picked = _picked("--dataset", dataset)
     assert picked and after is not cfg
-    assert (after.model, after.augment, after.channels_last) == ("small_cnn", True, True)
+    assert (after.model, after.augment, after.channels_last) == (defaults.MODEL, True, True)
     assert picked.min_steps == defaults.MIN_STEPS == 500
     assert picked.epochs(after.epochs, 3) == 167  # 120 images at batch 32: 3 steps an epoch, 501 steps
     assert picked.epochs(after.epochs, 1000) == 8  # a big dataset keeps the flag's epochs
@@ -45,7 +45,7 @@ def test_own_data_without_a_model_gets_the_small_cnn_augmented_and_enough_steps(
     line = picked.describe(167, 3)
     assert "\n" not in line and "--model small_cnn" in line and "--augment" in line and "501 steps" in line
     record = picked.record(167)
-    assert record["model"] == "small_cnn" and record["epochs"] == 167 and "no --model was given" in record["why"]
+    assert record["model"] == defaults.MODEL and record["epochs"] == 167 and "no --model was given" in record["why"]
 
 
 def test_what_the_user_sets_wins():
@@ -55,11 +55,11 @@ def test_what_the_user_sets_wins():
     _, after, picked = _picked(*folder, "--model", "lenet")
     assert not picked and (after.model, after.augment, after.epochs) == ("lenet", None, 8)
     _, after, picked = _picked(*folder, "--no-augment")
-    assert after.model == "small_cnn" and after.augment is False and picked.augment is None
+    assert after.model == defaults.MODEL and after.augment is False and picked.augment is None
     for length in (["--epochs", "3"], ["--max-steps", "7"]):
         _, after, picked = _picked(*folder, *length)
         assert (
-            after.model == "small_cnn" and picked.min_steps is None and picked.epochs(after.epochs, 3) == after.epochs
+            after.model == defaults.MODEL and picked.min_steps is None and picked.epochs(after.epochs, 3) == after.epochs
         )
     _, after, _ = _picked(*folder, "--no-channels-last")
     assert after.channels_last is False
@@ -76,7 +76,7 @@ def test_data_given_in_code_gets_the_model_but_no_augmentation():
     """``accel_train.train`` given a dataset and no model (its data label is "custom"); a config built in
     code without ``given`` counts as every field set: nothing is chosen."""
     picked = defaults.choose("custom", {"dataset", "output_dir"})
-    assert picked.model == "small_cnn" and picked.augment is None and picked.min_steps == 500
+    assert picked.model == defaults.MODEL and picked.augment is None and picked.min_steps == 500
     assert not defaults.choose("imagefolder:x", None)
 
 
@@ -100,7 +100,7 @@ def test_image_size_is_checked_against_the_model_the_run_builds():
 @pytest.mark.parametrize("size", [1, 8, 28, 47, 48, 64, 96])
 def test_small_cnn_takes_any_size_and_ignores_the_background_colour(size):
     torch.manual_seed(0)
-    model = create_model("small_cnn", num_classes=3, in_channels=3, image_size=size).eval()
+    model = create_model(defaults.MODEL, num_classes=3, in_channels=3, image_size=size).eval()
     x = torch.randn(2, 3, size, size)
     assert model(x).shape == (2, 3)
     shifted = x + torch.tensor([0.5, -1.0, 2.0]).view(1, 3, 1, 1)  # another background colour, the same shapes
@@ -110,11 +110,14 @@ def test_small_cnn_takes_any_size_and_ignores_the_background_colour(size):
 def test_small_cnn_finds_a_pattern_wherever_it_is():
     """Global max pooling: the same object moved by a multiple of the network's stride gives the same logits."""
     torch.manual_seed(0)
-    model = create_model("small_cnn", num_classes=3, in_channels=1, image_size=64).eval()
+    model = create_model(defaults.MODEL, num_classes=3, in_channels=1, image_size=64).eval()
     a, b = torch.zeros(1, 1, 64, 64), torch.zeros(1, 1, 64, 64)
     a[..., 16:24, 16:24] = 1.0
     b[..., 40:48, 32:40] = 1.0  # moved by (24, 16): multiples of 8, the stride of the last map; both far from edges
-    assert torch.allclose(model(a), model(b), atol=1e-3)  # measured: 2e-4 (the borders' zero padding); lenet: 1e-2
+    la, lb = model(a), model(b)
+    # relative to the logits' size, measured: 0.8% (the borders' zero padding; small_cnn with BatchNorm: 0.7%);
+    # lenet: 42%
+    assert (la - lb).abs().max() <= 0.02 * la.abs().max()
 
 
 # ---- the memorisation warning ----------------------------------------------------------------------------------------

@@ -1,0 +1,52 @@
+"""The mutants of the defaults for your own data (issue 50: photos start from ImageNet weights when they can, the
+defaults keep the 1-vs-N-process promise), a part of ``mutants.MUTANTS`` kept in a file of its own."""
+
+from __future__ import annotations
+
+from mutation.base import Mutant, _m
+
+T_PROMISES = "tests/unit/test_defaults_promises.py"
+T_PHOTOS = "tests/integration/test_photo_defaults_runs.py"
+P = "your own data"
+# fmt: off
+DEFAULTS_MUTANTS: tuple[Mutant, ...] = (
+    # the default back to BatchNorm: 1 and 2 processes 0.75 apart, --bitwise refused
+    _m("default-model-with-batchnorm", P, "defaults.py", 'MODEL = "small_cnn_gn"', 'MODEL = "small_cnn"',
+       f"{T_PROMISES}::test_the_default_model_has_no_batch_statistics"),
+    # --bn-stats loaded that keeps nothing: BatchNorm on batch statistics again
+    _m("bn-stats-loaded-keeps-nothing", P, "features/finetune.py",
+       "        if isinstance(module, _BatchNorm) and module.running_mean is not None:\n", "        if False:\n",
+       f"{T_PROMISES}::test_bn_stats_loaded_normalises_each_image_alone_and_stays_so_after_train"),
+    # --bitwise refusing BatchNorm on its loaded statistics (or worse: taking it on batch statistics)
+    _m("bitwise-ignores-the-mode", P, "bitwise.py",
+       "    norms = [type(m).__name__ for m in norms if m.training]", "    norms = [type(m).__name__ for m in norms]",
+       f"{T_PROMISES}::test_bitwise_takes_batchnorm_on_its_loaded_statistics_and_refuses_it_on_batch_statistics"),
+    # a BatchNorm model on 2 processes without a word
+    _m("split-batch-warning-never", P, "sync_bn.py",
+       "    if not live or (acc.num_processes < 2 and not data_parallel):\n", "    if True:\n",
+       f"{T_PROMISES}::test_a_batchnorm_model_on_several_processes_gets_one_line"),
+    # the photo rule's edge moved, or read on the largest image
+    _m("photo-side-exclusive", P, "defaults.py", "    if side < PHOTO_SIDE:\n", "    if side <= PHOTO_SIDE:\n",
+       f"{T_PROMISES}::test_which_images_are_photos"),
+    _m("photo-side-the-largest", P, "defaults.py", "    side = sorted(short_sides)[len(short_sides) // 2]\n",
+       "    side = max(short_sides)\n", f"{T_PROMISES}::test_which_images_are_photos"),
+    # the photo recipe over the user's own flags
+    _m("photo-recipe-over-the-users-flags", P, "defaults.py",
+       "recipe = {k: v for k, v in PHOTO_RECIPE.items() if k not in given}", "recipe = dict(PHOTO_RECIPE)",
+       f"{T_PROMISES}::test_the_photo_recipe_keeps_what_the_user_set"),
+    # digits mirrored by the defaults
+    _m("grey-images-flipped", P, "data/folder.py", "flip=channels != 1)", "flip=True)",
+       f"{T_PROMISES}::test_augment_flips_colour_images_and_not_grey_ones"),
+    # ACCEL_TRAIN_OFFLINE=1 that still downloads
+    _m("offline-switch-ignored", P, "photo_defaults.py",
+       '    offline = os.environ.get(OFFLINE_ENV, "") not in ("", "0")\n', "    offline = False\n",
+       f"{T_PHOTOS}::test_the_switch_off_skips_the_download_and_the_user_s_flags_win"),
+    # the weights a run started from, unrecorded
+    _m("photo-weights-unrecorded", P, "build.py", '        resolved["defaults"].update(pre.record())', "        pass",
+       f"{T_PHOTOS}::test_photos_with_weights_in_the_cache_fine_tune_them_and_record_their_hash"),
+    # fine-tuning at the folder's 64 pixels instead of the weights' 224
+    _m("photos-not-read-again-at-224", P, "photo_defaults.py",
+       "    if new.image_size != cfg.image_size:\n", "    if False:\n",
+       f"{T_PHOTOS}::test_photos_with_weights_in_the_cache_fine_tune_them_and_record_their_hash"),
+)
+# fmt: on

@@ -1,0 +1,123 @@
+"""Issue 50, in process: the photo rule and recipe (``defaults.looks_like_photos``, ``Defaults.for_photos``), the
+from-scratch default without batch statistics (``small_cnn_gn``), ``--bn-stats loaded``, and the line a model
+with BatchNorm gets where the batch is split (``sync_bn.split_batch_warning``). The runs are in
+../integration/test_photo_defaults_runs.py and test_defaults_parity_runs.py."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+import torch.nn as nn
+
+from accel_train import defaults
+from accel_train.features.finetune import keep_statistics
+from accel_train.models import create_model
+from accel_train.sync_bn import split_batch_warning
+
+
+@pytest.mark.parametrize(
+    "channels, sides, photos",
+    [
+        (3, [375, 500, 333], True),  # the tutorial's ants and bees
+        (3, [96], True),
+        (3, [95], False),  # below the rule's side
+        (3, [64], False),  # the shapes folder
+        (3, [32], False),  # CIFAR
+        (1, [28], False),  # MNIST
+        (1, [512, 640], False),  # grey photos: ImageNet's weights see colour
+        (3, [], False),
+        (3, [28, 28, 300], False),  # the median: mostly small images
+    ],
+)
+def test_which_images_are_photos(channels, sides, photos):
+    why = defaults.looks_like_photos(channels, sides)
+    assert bool(why) is photos
+    if photos:
+        assert why.startswith("colour images, ") and "pixels a side (median)" in why
+
+
+def test_the_photo_recipe_keeps_what_the_user_set():
+    picked = defaults.choose("imagefolder:x", {"lr"})
+    photo = picked.for_photos({"lr"}, "they look like photos")
+    assert photo.model == defaults.PHOTO_MODEL and photo.pretrained == "DEFAULT" and photo.lr is None
+    assert (photo.optimizer, photo.bn_stats, photo.image_size) == ("sgd", "loaded", 224)
+    assert photo.min_steps == defaults.PHOTO_MIN_STEPS and photo.epochs(8, 8) == 25
+    assert "lr" not in photo.settings() and photo.settings()["pretrained"] == "DEFAULT"
+    line = photo.describe(25, 8)
+    assert "--model tv:resnet18 --pretrained" in line and "they look like photos" in line
+    assert "--lr" not in line.split("--optimizer")[1].split(",")[0]  # the user's lr: not the recipe's
+    given_length = defaults.choose("imagefolder:x", {"max_steps"}).for_photos({"max_steps"}, "photos")
+    assert given_length.min_steps is None  # --max-steps given: the length is the user's
+    assert not defaults.choose("imagefolder:x", {"model"})  # a picked model: nothing chosen, nothing for photos
+
+
+def test_the_default_model_has_no_batch_statistics():
+    """small_cnn_gn: GroupNorm, whose output for an image does not depend on the other images of its batch."""
+    assert defaults.MODEL == "small_cnn_gn"
+    torch.manual_seed(0)
+    model = create_model(defaults.MODEL, num_classes=3, in_channels=3, image_size=48).train()
+    assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    x = torch.randn(8, 3, 48, 48)
+    whole, halves = model(x), torch.cat([model(x[:4]), model(x[4:])])
+    assert torch.allclose(whole, halves, atol=1e-6)
+    bn = create_model("small_cnn", num_classes=3, in_channels=3, image_size=48).train()
+    assert not torch.allclose(bn(x), torch.cat([bn(x[:4]), bn(x[4:])]), atol=1e-3)  # the BatchNorm one does
+
+
+def test_bn_stats_loaded_normalises_each_image_alone_and_stays_so_after_train():
+    torch.manual_seed(0)
+    model = create_model("tv:resnet18", num_classes=3, in_channels=3, image_size=32)
+    kept = keep_statistics(model)
+    assert len(kept) == 20
+    model.train()  # the loop's call every epoch
+    assert all(not m.training for m in model.modules() if isinstance(m, nn.BatchNorm2d))
+    x = torch.randn(4, 3, 32, 32)
+    before = model.bn1.running_mean.clone()
+    out = torch.cat([model(x[:2]), model(x[2:])])
+    assert torch.allclose(model(x), out, atol=1e-5) and torch.equal(model.bn1.running_mean, before)
+    assert model.bn1.weight.requires_grad  # its scale and shift still train
+
+
+def _rt(processes: int):
+    acc = types.SimpleNamespace(num_processes=processes, distributed_type="MULTI_CPU", device=torch.device("cpu"))
+    return types.SimpleNamespace(accelerator=acc)
+
+
+def test_a_batchnorm_model_on_several_processes_gets_one_line():
+    bn = create_model("small_cnn", num_classes=3, in_channels=3, image_size=48)
+    line = split_batch_warning(bn, _rt(2), 16)
+    assert line and "\n" not in line and "each process's own 16 images" in line and "--sync-bn" in line
+    assert split_batch_warning(bn, _rt(1), 32) is None  # one process normalises the whole batch
+    assert split_batch_warning(create_model(defaults.MODEL, 3, 3, 48), _rt(2), 16) is None  # no BatchNorm
+    keep_statistics(bn)
+    assert split_batch_warning(bn, _rt(2), 16) is None  # --bn-stats loaded: no batch statistics
+
+
+@pytest.mark.parametrize(
+    "mode, described", [("RGB", "random_crop(16, padding=2)+hflip"), ("L", "random_crop(16, padding=2)")]
+)
+def test_augment_flips_colour_images_and_not_grey_ones(tmp_path, mode, described):
+    """A mirrored digit or letter is another symbol: grey folders (MNIST's) get the crop alone."""
+    from datafiles import write_image_folder
+
+    from accel_train.config import parse_config
+    from accel_train.data import build_dataset
+
+    root = write_image_folder(tmp_path / mode, mode=mode, with_splits=True)
+    splits = build_dataset(parse_config(["--dataset", f"imagefolder:{root}", "--augment"]).data_config())
+    assert splits.extra["augment"] == described
+
+
+def test_bitwise_takes_batchnorm_on_its_loaded_statistics_and_refuses_it_on_batch_statistics():
+    from checks import raises_user_error
+
+    from accel_train.bitwise import refuse_unless_bitwise
+
+    acc = types.SimpleNamespace(mixed_precision="no", distributed_type=types.SimpleNamespace(value="MULTI_CPU"))
+    model = create_model("tv:resnet18", num_classes=3, in_channels=3, image_size=32)
+    raises_user_error(lambda: refuse_unless_bitwise(acc, model, False, 8, 8), "on batch statistics")
+    keep_statistics(model)
+    refuse_unless_bitwise(acc, model, False, 8, 8)  # each image normalised alone: accepted
+    refuse_unless_bitwise(acc, create_model(defaults.MODEL, 3, 3, 32), False, 8, 8)
