@@ -31,7 +31,7 @@ from accel_train.evaluation import evaluate_model
 from accel_train.features import TrainFeatures
 from accel_train.fsio import write_json_atomic
 from accel_train.memorisation import check_memorised
-from accel_train.meters import StepTimer, Window
+from accel_train.meters import StepTimer, Window, peak_memory_mb, reset_peak_memory
 from accel_train.optim import GradClipper
 from accel_train.run_dir import BEST, CONFUSION_JSON, CONFUSION_PNG, MODEL, MODEL_EMA, SUMMARY, RunDir
 from accel_train.runtime import Runtime, ignore_stop_signals
@@ -60,21 +60,6 @@ def _give_up(signum: int, grace: float) -> None:
         flush=True,
     )
     os._exit(128 + signum)
-
-
-def _peak_memory_mb(device: torch.device, reserved: bool = False) -> float | None:
-    """Peak CUDA memory allocated (``reserved``: held by the caching allocator) since training began; None on CPU."""
-    if device.type != "cuda":
-        return None
-    peak = torch.cuda.max_memory_reserved(device) if reserved else torch.cuda.max_memory_allocated(device)
-    return round(peak / 2**20, 1)
-
-
-def _reset_peak_memory(device: torch.device) -> None:
-    """Set-up's peaks (the --max-device-batch probe, data placement, cuDNN's first workspaces) are not training's:
-    the peaks start again from what is held now (the model, its optimizer and a dataset kept on the GPU)."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
 
 
 @dataclass
@@ -133,7 +118,7 @@ class Trainer:
         """Train to ``total_steps`` (or a stop), then evaluate, export and summarise; returns the summary."""
         state, cfg = self.state, self.cfg
         epochs = math.ceil(self.total_steps / self.steps_per_epoch)
-        _reset_peak_memory(self.acc.device)
+        reset_peak_memory(self.acc.device)
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         stopped = None
         if self.resume_path is not None:  # its checkpoint holds this position: not saved (replaced, logged) again
@@ -473,8 +458,8 @@ class Trainer:
             "train_time_s": self.timer.train_s,  # every step's time, without evaluations and checkpoints
             "train_samples_per_s": self.timer.samples / self.timer.total if self.timer.total > 0 else None,
             "data_wait_fraction": self.timer.fraction(),
-            "peak_memory_mb": _peak_memory_mb(acc.device),  # since training began (set-up's peaks are not in it)
-            "peak_reserved_memory_mb": _peak_memory_mb(acc.device, reserved=True),
+            "peak_memory_mb": peak_memory_mb(acc.device),  # since training began (set-up's peaks are not in it)
+            "peak_reserved_memory_mb": peak_memory_mb(acc.device, reserved=True),
         }
         open_window = self.window.record(acc, state.global_step)  # steps no train record holds; every rank
         if rt.is_main:
