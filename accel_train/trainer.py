@@ -90,6 +90,7 @@ class Trainer:
     last_saved: tuple[int, int] | None = None
     saves: int = 0  # checkpoints this run (attempt) has saved
     exit_code: int = 0  # of a stop: 128 + the signal that stopped the run (any rank's), 0 for --stop-at-step
+    stop_after_epoch: str | None = None  # --stop-at-step on an epoch's last step: stop once that epoch has ended
     _watchdog: list[threading.Timer] = field(default_factory=list)
     _fp16_skips: torch.Tensor | None = None  # the scaler's skipped steps not yet read back (a device tensor)
     _nonfinite: torch.Tensor | None = None  # --skip-nonfinite: non-finite losses of the open optimizer step
@@ -128,15 +129,7 @@ class Trainer:
             while state.global_step < self.total_steps and state.epoch < epochs:
                 self.train_epoch()
                 if state.step_in_epoch >= self.steps_per_epoch:  # the epoch is complete
-                    state.epoch += 1
-                    state.step_in_epoch = 0
-                    # --eval-every may have evaluated this very step (the same weights): once is enough
-                    early = self._evaluate_in_training() if state.last_eval_step != state.global_step else None
-                    self.logger.event("epoch", state.global_step, state.epoch)
-                    if early:
-                        raise StopTraining(early, final=True)
-                    if cfg.checkpoint_epochs:
-                        self.checkpoint()
+                    self._end_epoch()
             # a run that ends mid-epoch (--max-steps) still leaves a resumable final state
             if (cfg.checkpoint_epochs or cfg.checkpoint_every) and state.step_in_epoch:
                 self.checkpoint()
@@ -161,6 +154,21 @@ class Trainer:
             summary = self.finish(t_launch, stopped.reason if stopped else None)
         self.rt.end()
         return summary
+
+    def _end_epoch(self) -> None:
+        """Its evaluation (unless --eval-every did this step), event and checkpoint, then a stop that waited."""
+        state = self.state
+        state.epoch += 1
+        state.step_in_epoch = 0
+        # --eval-every may have evaluated this very step (the same weights): once is enough
+        early = self._evaluate_in_training() if state.last_eval_step != state.global_step else None
+        self.logger.event("epoch", state.global_step, state.epoch)
+        if early:
+            raise StopTraining(early, final=True)
+        if self.cfg.checkpoint_epochs:
+            self.checkpoint()
+        if self.stop_after_epoch:  # saved above or by the stop, at the next epoch's start
+            raise StopTraining(self.stop_after_epoch)
 
     def _stop_if_stopped_early(self) -> None:
         """A resumed run that had stopped early (and is resumed with the same patience) is over: finish it."""
@@ -208,7 +216,7 @@ class Trainer:
         self._last_log = (time.perf_counter(), state.samples_seen)
         self._t_prev = time.perf_counter()
         for images, labels, indices in loader:
-            if self.step(images, labels, indices) and state.global_step >= self.total_steps:
+            if self.step(images, labels, indices) and (state.global_step >= self.total_steps or self.stop_after_epoch):
                 break
         self._wait_for_device()  # before the epoch-end evaluation, which is not training time
 
@@ -287,6 +295,8 @@ class Trainer:
         state.samples_seen += self.plan.global_batch
         self.logger.advance()
         reason = self.stop_requested()
+        if reason and not self.exit_code and state.step_in_epoch >= self.steps_per_epoch:  # --stop-at-step (not a
+            self.stop_after_epoch, reason = reason, None  # signal: its grace may not cover an evaluation): epoch first
         save_now = bool(reason) or bool(cfg.checkpoint_every and state.global_step % cfg.checkpoint_every == 0)
         if cfg.log_every and state.global_step % cfg.log_every == 0:
             self._log_train()

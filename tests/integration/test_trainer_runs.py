@@ -60,6 +60,21 @@ def test_epoch_ends_evaluate_and_checkpoint(tmp_path):
     assert _checkpoint_steps(out) == [16, 32]
 
 
+def test_stop_at_step_on_an_epochs_last_step_ends_that_epoch_first(tmp_path):
+    """--stop-at-step N where N ends an epoch (issue 50, item 5): that epoch's evaluation, best/ and checkpoint are
+    done before the stop, as an uninterrupted run does them; the resume goes on from the next epoch."""
+    out = tmp_path / "run"
+    summary = _fit(out, "--epochs", "2", "--stop-at-step", "16")  # 256 samples / 16 per step: 16 steps per epoch
+    assert summary == {"stopped": "--stop-at-step 16", "global_step": 16, "exit_code": 0}
+    assert [e["step"] for e in _events(out, "eval")] == [16] and [e["epoch"] for e in _events(out, "epoch")] == [1]
+    assert _checkpoint_steps(out) == [16] and (out / "best" / "model.safetensors").is_file()
+    progress = json.loads((out / "checkpoints" / "step_00000016" / "progress.json").read_text())
+    assert (progress["state"]["epoch"], progress["state"]["step_in_epoch"]) == (1, 0)
+    _fit(out, "--epochs", "2", "--resume", "auto")
+    assert [e["step"] for e in _events(out, "eval")] == [16, 32]  # epoch 1's evaluation once, not again
+    assert [e["epoch"] for e in _events(out, "epoch")] == [1, 2]
+
+
 def test_stop_at_step_then_resume_logs_what_an_uninterrupted_run_logs(tmp_path):
     """The open log window travels in the checkpoint: a stop between two log steps changes no logged value."""
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
