@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from accel_train.attempts import Attempts
 from accel_train.checkpoint.state import TrainState, save_checkpoint
 from accel_train.checkpoint.weights import export_weights
 from accel_train.config import TrainConfig
@@ -85,6 +86,7 @@ class Trainer:
     resume_path: Path | None = None
     features: TrainFeatures = field(default_factory=TrainFeatures)  # EMA, mixup, label smoothing, early stop
     timer: StepTimer = field(default_factory=StepTimer)
+    attempts: Attempts = field(default_factory=Attempts)  # this attempt's steps and time, and the run's (resumes)
     window: Window | None = None
     stop_signal: int | None = None
     last_saved: tuple[int, int] | None = None
@@ -119,6 +121,7 @@ class Trainer:
         """Train to ``total_steps`` (or a stop), then evaluate, export and summarise; returns the summary."""
         state, cfg = self.state, self.cfg
         epochs = math.ceil(self.total_steps / self.steps_per_epoch)
+        self.attempts.started = t_launch
         reset_peak_memory(self.acc.device)
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         stopped = None
@@ -405,6 +408,7 @@ class Trainer:
         self.check_finite(state.extra["log_window"][0])  # never checkpoint (or finish) a NaN state
         self._settle_fp16_skips()
         state.extra["train_time_s"] = self.timer.train_s
+        state.extra.update(self.attempts.record())  # the run's wall time over its attempts, to this save
         state.extra.update(self.features.checkpoint_extra())  # EMA updates, early-stopping counter
         state.extra[TRACKER_RUNS] = tracker_run_ids(self.acc, state.extra.get(TRACKER_RUNS))  # a resume reopens them
         path = save_checkpoint(
@@ -463,7 +467,8 @@ class Trainer:
             "micro_batch": plan.micro_batch,
             "accum_steps": plan.accum_steps,
             "threads_per_process": rt.threads,
-            "wall_time_s": time.perf_counter() - t_launch,
+            "wall_time_s": (wall := time.perf_counter() - t_launch),  # this attempt's
+            **self.attempts.summary(state.global_step, wall),  # attempts, attempt_steps, total_wall_time_s
             "setup_s": self.logger.started - t_launch,  # runtime, data and model before the first step
             "train_time_s": self.timer.train_s,  # every step's time, without evaluations and checkpoints
             "train_samples_per_s": self.timer.samples / self.timer.total if self.timer.total > 0 else None,
@@ -491,5 +496,5 @@ class Trainer:
         self.run_dir.commit_replace()
         self.rt.print(
             f"accel_train: eval_accuracy {summary['eval_accuracy']:.4f} | eval_loss {summary['eval_loss']:.4f} | "
-            f"{self.state.global_step} steps in {summary['wall_time_s']:.1f}s | wrote {out}"
+            f"{self.attempts.line(self.state.global_step, summary['wall_time_s'])} | wrote {out}"
         )

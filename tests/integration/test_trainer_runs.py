@@ -7,6 +7,7 @@ each costs about a second.
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 from pathlib import Path
 
@@ -128,3 +129,45 @@ def test_run_length_warnings_in_a_real_run(tmp_path, capsys):
     assert "warning: --warmup-steps 10 is longer than the run (the run has 2 optimizer step(s))" in err, err
     assert "warning: --eval-every 5 is beyond the run" in err, err
     assert "Traceback" not in err
+
+
+def _last_line(out: str) -> str:
+    return [line for line in out.splitlines() if line.startswith("accel_train: eval_accuracy")][-1]
+
+
+def test_a_resumed_runs_last_line_counts_this_attempt_and_the_whole_run(tmp_path, capsys):
+    """After a resume (issue 50, item 5) the steps are the run's and the time was this attempt's: the line says both,
+    with the run's time over its attempts carried in the checkpoints (an older checkpoint has none: said so)."""
+    out = tmp_path / "run"
+    _fit(out, "--max-steps", "12")
+    assert " | 12 steps in " in _last_line(capsys.readouterr().out)
+    assert (summary := json.loads((out / "summary.json").read_text()))["attempts"] == 1
+    assert summary["total_wall_time_s"] == summary["wall_time_s"] and summary["attempt_steps"] == 12
+
+    out = tmp_path / "resumed"
+    _fit(out, "--max-steps", "12", "--stop-at-step", "5")
+    saved = json.loads((out / "checkpoints" / "step_00000005" / "progress.json").read_text())["state"]["extra"]
+    assert saved["attempts"] == 1 and saved["wall_time_s"] > 0
+    copy = tmp_path / "older"
+    shutil.copytree(out, copy)
+    capsys.readouterr()
+    _fit(out, "--max-steps", "12", "--resume", "auto")
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["attempts"], summary["attempt_steps"], summary["global_step"]) == (2, 7, 12)
+    assert summary["total_wall_time_s"] == pytest.approx(saved["wall_time_s"] + summary["wall_time_s"])
+    line = _last_line(capsys.readouterr().out)
+    this, total = summary["wall_time_s"], summary["total_wall_time_s"]
+    assert f" | 12 steps (7 in this attempt, {this:.1f}s; {total:.1f}s over 2 attempts) | " in line, line
+
+    progress = copy / "checkpoints" / "step_00000005" / "progress.json"  # as written before the run's time was kept
+    data = json.loads(progress.read_text())
+    del data["state"]["extra"]["attempts"], data["state"]["extra"]["wall_time_s"]
+    progress.write_text(json.dumps(data))
+    _fit(copy, "--max-steps", "12", "--resume", "auto")
+    summary = json.loads((copy / "summary.json").read_text())
+    assert (summary["attempts"], summary["total_wall_time_s"], summary["attempt_steps"]) == (None, None, 7)
+    line = _last_line(capsys.readouterr().out)
+    assert (
+        f" | 12 steps (7 in this attempt, {summary['wall_time_s']:.1f}s; earlier attempts' time not recorded) | "
+        in line
+    )
