@@ -28,7 +28,7 @@ from accel_train.config import TrainConfig
 from accel_train.data.base import DatasetInfo
 from accel_train.data.pipeline import BatchNormalizer, BatchPlan
 from accel_train.errors import NonFiniteLossError, peer_lost
-from accel_train.evaluation import evaluate_model
+from accel_train.evaluation import best_note, evaluate_model
 from accel_train.features import TrainFeatures
 from accel_train.fsio import write_json_atomic
 from accel_train.memorisation import check_memorised
@@ -40,6 +40,7 @@ from accel_train.tracking import TRACKER_RUNS, RunLogger, tracker_run_ids
 
 SIGNAL_VOTE_EVERY = 10  # steps between the ranks' votes on SIGTERM/SIGINT
 WARMUP_STEPS_EXCLUDED = 5  # steady-state throughput ignores the first steps (allocation, caches)
+SETUP = ("world_size", "distributed_type", "mixed_precision", "device", "global_batch", "micro_batch", "accum_steps")
 
 
 class StopTraining(Exception):
@@ -436,7 +437,7 @@ class Trainer:
 
     def finish(self, t_launch: float, stopped: str | None = None) -> dict[str, Any]:
         """Final evaluation, export, summary.json, confusion matrix and plots (``stopped``: why it ended early)."""
-        state, acc, rt, plan = self.state, self.acc, self.rt, self.plan
+        state, acc, rt = self.state, self.acc, self.rt
         final = self.evaluate(with_confusion=True)
         self._settle_fp16_skips()
         if state.last_eval_step != state.global_step:  # else the evaluation of this step is already logged
@@ -455,17 +456,12 @@ class Trainer:
             "samples_seen": state.samples_seen,
             "best_eval_accuracy": state.best_metric,
             "best_step": state.best_step,
+            **best_note(state.best_step, state.best_metric, state.global_step, self.run_dir / BEST),
             "nonfinite_skipped": state.nonfinite_skipped,
             "fp16_skipped_steps": state.fp16_skipped_steps,
             "loss_scale": acc.scaler.get_scale() if acc.scaler is not None else None,
-            "world_size": acc.num_processes,
-            "distributed_type": acc.distributed_type.value,
-            "mixed_precision": acc.mixed_precision,
-            "device": str(acc.device),
+            **{key: self.meta["resolved"][key] for key in SETUP},  # as build resolved them (config.yaml)
             "data_parallel": rt.data_parallel,
-            "global_batch": plan.global_batch,
-            "micro_batch": plan.micro_batch,
-            "accum_steps": plan.accum_steps,
             "threads_per_process": rt.threads,
             "wall_time_s": (wall := time.perf_counter() - t_launch),  # this attempt's
             **self.attempts.summary(state.global_step, wall),  # attempts, attempt_steps, total_wall_time_s
@@ -497,4 +493,5 @@ class Trainer:
         self.rt.print(
             f"accel_train: eval_accuracy {summary['eval_accuracy']:.4f} | eval_loss {summary['eval_loss']:.4f} | "
             f"{self.attempts.line(self.state.global_step, summary['wall_time_s'])} | wrote {out}"
+            + (f"\naccel_train: note: {summary['best_note']}" if "best_note" in summary else "")
         )

@@ -171,3 +171,21 @@ def test_a_resumed_runs_last_line_counts_this_attempt_and_the_whole_run(tmp_path
         f" | 12 steps (7 in this attempt, {summary['wall_time_s']:.1f}s; earlier attempts' time not recorded) | "
         in line
     )
+
+
+def test_a_best_chosen_on_the_split_it_is_scored_on_says_so(tmp_path, capsys):
+    """best/ is chosen by eval_accuracy on the test split, the split that reports it (issue 50, item 5): when it
+    holds other weights than model/, the summary and the last lines say its accuracy is optimistic, and how to
+    score it on other images."""
+    out = tmp_path / "run"
+    summary = _fit(out, "--max-steps", "16", "--lr", "0.01", "--eval-every", "2")
+    assert summary["best_step"] != summary["global_step"]  # best/ is an earlier step's weights
+    note = summary["best_note"]
+    assert note.startswith(f"best/ (step {summary['best_step']}, eval_accuracy {summary['best_eval_accuracy']:.4f}) ")
+    assert "test split" in note and "optimistic" in note and f"--weights {out / 'best'} --dataset" in note
+    assert json.loads((out / "summary.json").read_text())["best_note"] == note
+    assert f"accel_train: note: {note}" in capsys.readouterr().out.splitlines()
+
+    only = _fit(tmp_path / "once", "--max-steps", "4")  # one evaluation: best/ is model/, nothing to say
+    assert only["best_step"] == only["global_step"] and "best_note" not in only
+    assert "note: best/" not in capsys.readouterr().out
