@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from accel_train.attempts import Attempts
 from accel_train.checkpoint.branch import abandon_after, newer_checkpoints
 from accel_train.checkpoint.sources import read_state_dict
 from accel_train.checkpoint.state import (
@@ -106,7 +107,6 @@ def build_trainer(
     window.restore(state.extra.get("log_window"), acc.is_main_process)
     if resume_path is not None:
         logger.event("resume", state.global_step, state.epoch, path=str(resume_path), changed=resume_changes or {})
-    info = splits.info
     return Trainer(
         cfg,
         rt,
@@ -116,11 +116,11 @@ def build_trainer(
         train_dl,
         eval_dl,
         plan=plan,
-        info=info,
+        info=splits.info,
         total_steps=total_steps,
         steps_per_epoch=steps_per_epoch,
         logger=logger,
-        normalizer=BatchNormalizer(info.mean, info.std, chosen["channels_last"]),
+        normalizer=BatchNormalizer(splits.info.mean, splits.info.std, chosen["channels_last"]),
         meta=meta,
         run_dir=run_dir,
         state=state,
@@ -128,6 +128,7 @@ def build_trainer(
         features=feats,
         window=window,
         timer=StepTimer(train_s=_saved_seconds(state.extra.get("train_time_s"))),
+        attempts=Attempts() if resume_path is None else Attempts.resumed(state.extra, state.global_step),
         clip=GradClipper(acc, model, cfg.max_grad_norm) if cfg.max_grad_norm > 0 else None,
         direct=direct_backward(acc, plan.accum_steps),
         bitwise=bitwise,

@@ -186,7 +186,10 @@ class TrainConfig:
     resume_changed_data: bool = _f(False, "with --resume: go on although the data changed (named at the start; "
                                    "not exact: order, split, length follow the data now)", resume=ATTEMPT)  # fmt: skip
     stop_at_step: int | None = _f(
-        None, "save a checkpoint and exit at this step, as if preempted", low=1, resume=ATTEMPT
+        None,
+        "save a checkpoint and exit at this step, as if preempted (an epoch's last step: after the epoch's evaluation)",
+        low=1,
+        resume=ATTEMPT,
     )
     # performance
     num_workers: int = _f(0, "DataLoader workers for datasets that are not held in memory", low=0, resume=SAFE)

@@ -11,6 +11,7 @@ a disagreement between the two is an error, never a number.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -72,3 +73,16 @@ def evaluate_model(
     if with_confusion:
         out["confusion"] = confusion_matrix(preds, refs, num_classes)
     return out
+
+
+def best_note(best_step: int | None, accuracy: float | None, final_step: int, best: Path) -> dict[str, str]:
+    """``{"best_note": line}`` when ``best`` (``best/``) holds other weights than the final model: it was chosen by
+    eval_accuracy on the test split, the one that reports it (a run has no separate validation split), so that
+    accuracy is optimistic; ``{}`` otherwise."""
+    if best_step is None or accuracy is None or best_step == final_step:
+        return {}
+    return {
+        "best_note": f"best/ (step {best_step}, eval_accuracy {accuracy:.4f}) was chosen on the test split that "
+        "also scores it (there is no separate validation split), so that accuracy is optimistic: score it on images "
+        f"kept out of training and testing with accel-evaluate --weights {best} --dataset imagefolder:DIR"
+    }

@@ -1,4 +1,4 @@
-"""What the loop measures between two log steps, without a host sync per step."""
+"""What the loop measures between two log steps, without a host sync per step; its peak CUDA memory."""
 
 from __future__ import annotations
 
@@ -61,3 +61,18 @@ class Window:
         self.sums.zero_()
         if sums and is_main:  # the global sums live on one rank; the reduce adds the others' zeros
             self.sums += torch.tensor(sums, dtype=torch.float64, device=self.sums.device)
+
+
+def peak_memory_mb(device: torch.device, reserved: bool = False) -> float | None:
+    """Peak CUDA memory allocated (``reserved``: held by the caching allocator) since training began; None on CPU."""
+    if device.type != "cuda":
+        return None
+    peak = torch.cuda.max_memory_reserved(device) if reserved else torch.cuda.max_memory_allocated(device)
+    return round(peak / 2**20, 1)
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Set-up's peaks (the --max-device-batch probe, data placement, cuDNN's first workspaces) are not training's:
+    the peaks start again from what is held now (the model, its optimizer and a dataset kept on the GPU)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)

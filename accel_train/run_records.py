@@ -277,7 +277,7 @@ def compare_runs_table(run_dirs: Sequence[str | os.PathLike], labels: Sequence[s
             _fmt(_first(summary.get("eval_accuracy"), last_eval.get("eval_accuracy")), ".4f"),
             _fmt(_first(summary.get("eval_loss"), last_eval.get("eval_loss")), ".4f"),
             _fmt(_first(summary.get("global_step"), last_train.get("step"), last_eval.get("step")), "d"),
-            _fmt(_first(summary.get("wall_time_s"), last_train.get("time_s")), ".1f"),
+            _fmt(_first(summary.get("total_wall_time_s"), summary.get("wall_time_s"), last_train.get("time_s")), ".1f"),
             _fmt(
                 _first(
                     summary.get("samples_per_s"),

@@ -21,17 +21,18 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from accel_train.attempts import Attempts
 from accel_train.checkpoint.state import TrainState, save_checkpoint
 from accel_train.checkpoint.weights import export_weights
 from accel_train.config import TrainConfig
 from accel_train.data.base import DatasetInfo
 from accel_train.data.pipeline import BatchNormalizer, BatchPlan
 from accel_train.errors import NonFiniteLossError, peer_lost
-from accel_train.evaluation import evaluate_model
+from accel_train.evaluation import best_note, evaluate_model
 from accel_train.features import TrainFeatures
 from accel_train.fsio import write_json_atomic
 from accel_train.memorisation import check_memorised
-from accel_train.meters import StepTimer, Window
+from accel_train.meters import StepTimer, Window, peak_memory_mb, reset_peak_memory
 from accel_train.optim import GradClipper
 from accel_train.run_dir import BEST, CONFUSION_JSON, CONFUSION_PNG, MODEL, MODEL_EMA, SUMMARY, RunDir
 from accel_train.runtime import Runtime, ignore_stop_signals
@@ -39,6 +40,7 @@ from accel_train.tracking import TRACKER_RUNS, RunLogger, tracker_run_ids
 
 SIGNAL_VOTE_EVERY = 10  # steps between the ranks' votes on SIGTERM/SIGINT
 WARMUP_STEPS_EXCLUDED = 5  # steady-state throughput ignores the first steps (allocation, caches)
+SETUP = ("world_size", "distributed_type", "mixed_precision", "device", "global_batch", "micro_batch", "accum_steps")
 
 
 class StopTraining(Exception):
@@ -60,21 +62,6 @@ def _give_up(signum: int, grace: float) -> None:
         flush=True,
     )
     os._exit(128 + signum)
-
-
-def _peak_memory_mb(device: torch.device, reserved: bool = False) -> float | None:
-    """Peak CUDA memory allocated (``reserved``: held by the caching allocator) since training began; None on CPU."""
-    if device.type != "cuda":
-        return None
-    peak = torch.cuda.max_memory_reserved(device) if reserved else torch.cuda.max_memory_allocated(device)
-    return round(peak / 2**20, 1)
-
-
-def _reset_peak_memory(device: torch.device) -> None:
-    """Set-up's peaks (the --max-device-batch probe, data placement, cuDNN's first workspaces) are not training's:
-    the peaks start again from what is held now (the model, its optimizer and a dataset kept on the GPU)."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
 
 
 @dataclass
@@ -100,11 +87,13 @@ class Trainer:
     resume_path: Path | None = None
     features: TrainFeatures = field(default_factory=TrainFeatures)  # EMA, mixup, label smoothing, early stop
     timer: StepTimer = field(default_factory=StepTimer)
+    attempts: Attempts = field(default_factory=Attempts)  # this attempt's steps and time, and the run's (resumes)
     window: Window | None = None
     stop_signal: int | None = None
     last_saved: tuple[int, int] | None = None
     saves: int = 0  # checkpoints this run (attempt) has saved
     exit_code: int = 0  # of a stop: 128 + the signal that stopped the run (any rank's), 0 for --stop-at-step
+    stop_after_epoch: str | None = None  # --stop-at-step on an epoch's last step: stop once that epoch has ended
     _watchdog: list[threading.Timer] = field(default_factory=list)
     _fp16_skips: torch.Tensor | None = None  # the scaler's skipped steps not yet read back (a device tensor)
     _nonfinite: torch.Tensor | None = None  # --skip-nonfinite: non-finite losses of the open optimizer step
@@ -133,7 +122,8 @@ class Trainer:
         """Train to ``total_steps`` (or a stop), then evaluate, export and summarise; returns the summary."""
         state, cfg = self.state, self.cfg
         epochs = math.ceil(self.total_steps / self.steps_per_epoch)
-        _reset_peak_memory(self.acc.device)
+        self.attempts.started = t_launch
+        reset_peak_memory(self.acc.device)
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         stopped = None
         if self.resume_path is not None:  # its checkpoint holds this position: not saved (replaced, logged) again
@@ -143,15 +133,7 @@ class Trainer:
             while state.global_step < self.total_steps and state.epoch < epochs:
                 self.train_epoch()
                 if state.step_in_epoch >= self.steps_per_epoch:  # the epoch is complete
-                    state.epoch += 1
-                    state.step_in_epoch = 0
-                    # --eval-every may have evaluated this very step (the same weights): once is enough
-                    early = self._evaluate_in_training() if state.last_eval_step != state.global_step else None
-                    self.logger.event("epoch", state.global_step, state.epoch)
-                    if early:
-                        raise StopTraining(early, final=True)
-                    if cfg.checkpoint_epochs:
-                        self.checkpoint()
+                    self._end_epoch()
             # a run that ends mid-epoch (--max-steps) still leaves a resumable final state
             if (cfg.checkpoint_epochs or cfg.checkpoint_every) and state.step_in_epoch:
                 self.checkpoint()
@@ -176,6 +158,21 @@ class Trainer:
             summary = self.finish(t_launch, stopped.reason if stopped else None)
         self.rt.end()
         return summary
+
+    def _end_epoch(self) -> None:
+        """Its evaluation (unless --eval-every did this step), event and checkpoint, then a stop that waited."""
+        state = self.state
+        state.epoch += 1
+        state.step_in_epoch = 0
+        # --eval-every may have evaluated this very step (the same weights): once is enough
+        early = self._evaluate_in_training() if state.last_eval_step != state.global_step else None
+        self.logger.event("epoch", state.global_step, state.epoch)
+        if early:
+            raise StopTraining(early, final=True)
+        if self.cfg.checkpoint_epochs:
+            self.checkpoint()
+        if self.stop_after_epoch:  # saved above or by the stop, at the next epoch's start
+            raise StopTraining(self.stop_after_epoch)
 
     def _stop_if_stopped_early(self) -> None:
         """A resumed run that had stopped early (and is resumed with the same patience) is over: finish it."""
@@ -223,7 +220,7 @@ class Trainer:
         self._last_log = (time.perf_counter(), state.samples_seen)
         self._t_prev = time.perf_counter()
         for images, labels, indices in loader:
-            if self.step(images, labels, indices) and state.global_step >= self.total_steps:
+            if self.step(images, labels, indices) and (state.global_step >= self.total_steps or self.stop_after_epoch):
                 break
         self._wait_for_device()  # before the epoch-end evaluation, which is not training time
 
@@ -302,6 +299,8 @@ class Trainer:
         state.samples_seen += self.plan.global_batch
         self.logger.advance()
         reason = self.stop_requested()
+        if reason and not self.exit_code and state.step_in_epoch >= self.steps_per_epoch:  # --stop-at-step (not a
+            self.stop_after_epoch, reason = reason, None  # signal: its grace may not cover an evaluation): epoch first
         save_now = bool(reason) or bool(cfg.checkpoint_every and state.global_step % cfg.checkpoint_every == 0)
         if cfg.log_every and state.global_step % cfg.log_every == 0:
             self._log_train()
@@ -410,6 +409,7 @@ class Trainer:
         self.check_finite(state.extra["log_window"][0])  # never checkpoint (or finish) a NaN state
         self._settle_fp16_skips()
         state.extra["train_time_s"] = self.timer.train_s
+        state.extra.update(self.attempts.record())  # the run's wall time over its attempts, to this save
         state.extra.update(self.features.checkpoint_extra())  # EMA updates, early-stopping counter
         state.extra[TRACKER_RUNS] = tracker_run_ids(self.acc, state.extra.get(TRACKER_RUNS))  # a resume reopens them
         path = save_checkpoint(
@@ -437,7 +437,7 @@ class Trainer:
 
     def finish(self, t_launch: float, stopped: str | None = None) -> dict[str, Any]:
         """Final evaluation, export, summary.json, confusion matrix and plots (``stopped``: why it ended early)."""
-        state, acc, rt, plan = self.state, self.acc, self.rt, self.plan
+        state, acc, rt = self.state, self.acc, self.rt
         final = self.evaluate(with_confusion=True)
         self._settle_fp16_skips()
         if state.last_eval_step != state.global_step:  # else the evaluation of this step is already logged
@@ -456,25 +456,21 @@ class Trainer:
             "samples_seen": state.samples_seen,
             "best_eval_accuracy": state.best_metric,
             "best_step": state.best_step,
+            **best_note(state.best_step, state.best_metric, state.global_step, self.run_dir / BEST),
             "nonfinite_skipped": state.nonfinite_skipped,
             "fp16_skipped_steps": state.fp16_skipped_steps,
             "loss_scale": acc.scaler.get_scale() if acc.scaler is not None else None,
-            "world_size": acc.num_processes,
-            "distributed_type": acc.distributed_type.value,
-            "mixed_precision": acc.mixed_precision,
-            "device": str(acc.device),
+            **{key: self.meta["resolved"][key] for key in SETUP},  # as build resolved them (config.yaml)
             "data_parallel": rt.data_parallel,
-            "global_batch": plan.global_batch,
-            "micro_batch": plan.micro_batch,
-            "accum_steps": plan.accum_steps,
             "threads_per_process": rt.threads,
-            "wall_time_s": time.perf_counter() - t_launch,
+            "wall_time_s": (wall := time.perf_counter() - t_launch),  # this attempt's
+            **self.attempts.summary(state.global_step, wall),  # attempts, attempt_steps, total_wall_time_s
             "setup_s": self.logger.started - t_launch,  # runtime, data and model before the first step
             "train_time_s": self.timer.train_s,  # every step's time, without evaluations and checkpoints
             "train_samples_per_s": self.timer.samples / self.timer.total if self.timer.total > 0 else None,
             "data_wait_fraction": self.timer.fraction(),
-            "peak_memory_mb": _peak_memory_mb(acc.device),  # since training began (set-up's peaks are not in it)
-            "peak_reserved_memory_mb": _peak_memory_mb(acc.device, reserved=True),
+            "peak_memory_mb": peak_memory_mb(acc.device),  # since training began (set-up's peaks are not in it)
+            "peak_reserved_memory_mb": peak_memory_mb(acc.device, reserved=True),
         }
         open_window = self.window.record(acc, state.global_step)  # steps no train record holds; every rank
         if rt.is_main:
@@ -496,5 +492,6 @@ class Trainer:
         self.run_dir.commit_replace()
         self.rt.print(
             f"accel_train: eval_accuracy {summary['eval_accuracy']:.4f} | eval_loss {summary['eval_loss']:.4f} | "
-            f"{self.state.global_step} steps in {summary['wall_time_s']:.1f}s | wrote {out}"
+            f"{self.attempts.line(self.state.global_step, summary['wall_time_s'])} | wrote {out}"
+            + (f"\naccel_train: note: {summary['best_note']}" if "best_note" in summary else "")
         )

@@ -13,7 +13,9 @@ a non-square image padded for a model of in-memory square images. ``--raw`` neve
 
 The steps are listed per image: in ``--json`` (``"preprocess"``: step, detail, ``as_trained``), and otherwise on
 stderr (the training pipeline once, then each image that got more), stdout keeping one line of top-k classes
-per image. The model runs on CPU; ``--sheet`` draws the images and their top class on a contact sheet.
+per image. Images in folders named after the model's classes (``my_images/test/<class>/``) are scored against
+those names: the top-1 is the last line on stderr, and each such image has ``folder_class`` and ``correct`` in
+``--json``. The model runs on CPU; ``--sheet`` draws the images and their top class on a contact sheet.
 """
 
 from __future__ import annotations
@@ -205,6 +207,24 @@ def explain(results: list[dict], config: dict, record: dict) -> list[str]:
 _ADAPTATIONS = {"stretch": "inverting", "pad": "inverting or padding", "digit": "inverting or digit framing"}
 
 
+def score_folders(results: list[dict], names: list | None) -> str | None:
+    """The top-1 accuracy against the folders the images are in, where a folder is named after one of the model's
+    classes (``my_images/test/<class>/*.png``), in words; each such result gets ``folder_class`` and ``correct``.
+    None when no image is in such a folder."""
+    from pathlib import Path
+
+    known = {str(name) for name in names or ()}
+    scored = [r for r in results if Path(r["image"]).parent.name in known]
+    for result in scored:
+        result["folder_class"] = Path(result["image"]).parent.name
+        result["correct"] = result["top_k"][0]["class"] == result["folder_class"]
+    if not scored:
+        return None
+    right, left_out = sum(r["correct"] for r in scored), len(results) - len(scored)
+    unscored = f"; {left_out} images in folders not named after a class are not scored" if left_out else ""
+    return f"top-1 against the folder names: {right / len(scored):.4f} ({right}/{len(scored)}{unscored})"
+
+
 def run(args: argparse.Namespace) -> int:
     import json
     import sys
@@ -238,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
             for p, i in zip(ps, idx, strict=True)
         ]
         results.append({"image": path, "top_k": classes, "preprocess": done})
+    scored = score_folders(results, names)  # stderr, last: stdout stays one line per image (or the JSON)
     if args.json:
         from accel_train.finite_json import finite
 
@@ -252,6 +273,9 @@ def run(args: argparse.Namespace) -> int:
         write_sheet(args.sheet, originals, results)
         if not args.json:
             print(f"wrote {args.sheet}")
+    if scored:
+        sys.stdout.flush()
+        print(scored, file=sys.stderr)
     return 0
 
 

@@ -157,20 +157,21 @@ def test_scaler_state_resumes_and_a_run_without_scaler_ignores_it(tmp_path, caps
 
 def test_peak_memory_is_reset_before_the_first_step_and_reserved_memory_is_reported(tmp_path, monkeypatch):
     import accel_train.trainer as trainer_module
+    from accel_train.meters import peak_memory_mb, reset_peak_memory
 
     calls = []
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: calls.append(("reset", device)))
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 3 * 2**20)
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device: 8 * 2**20)
     cuda = torch.device("cuda", 0)
-    trainer_module._reset_peak_memory(cuda)
-    trainer_module._reset_peak_memory(torch.device("cpu"))  # nothing to reset on the CPU
+    reset_peak_memory(cuda)
+    reset_peak_memory(torch.device("cpu"))  # nothing to reset on the CPU
     assert calls == [("reset", cuda)]
-    assert (trainer_module._peak_memory_mb(cuda), trainer_module._peak_memory_mb(cuda, reserved=True)) == (3.0, 8.0)
+    assert (peak_memory_mb(cuda), peak_memory_mb(cuda, reserved=True)) == (3.0, 8.0)
 
     trainer = _build(tmp_path / "run", "--max-steps", "2")
     seen = []
-    monkeypatch.setattr(trainer_module, "_reset_peak_memory", lambda device: seen.append(trainer.state.global_step))
+    monkeypatch.setattr(trainer_module, "reset_peak_memory", lambda device: seen.append(trainer.state.global_step))
     summary = _fit(trainer)
     assert seen == [0]  # once, before any step: set-up's peaks are not training's
     assert summary["peak_memory_mb"] is None and summary["peak_reserved_memory_mb"] is None  # CPU

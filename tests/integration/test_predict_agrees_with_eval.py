@@ -124,3 +124,33 @@ def test_json_lists_each_images_preprocessing(shapes_run, tmp_path):
     assert lines[0].startswith("preprocessing: as imagefolder:") and "resized to 16x16 (PIL bilinear)" in lines[0]
     assert lines[1] == "preprocessing: nothing else: no image needed inverting", proc.stderr
     assert len(proc.stdout.splitlines()) == 20  # stdout: one line of classes per image, as before
+
+
+def test_predict_scores_the_images_against_the_class_folders_they_are_in(shapes_run, tmp_path):
+    """Images in subfolders named after the model's classes (issue 50, item 5): the top-1 against those names, in
+    words on stderr and per image in --json; images in other folders are counted as not scored, alone not named."""
+    import shutil
+
+    weights, new = shapes_run
+    results = _predict(weights, new)
+    truth = [Path(r["image"]).parent.name for r in results]
+    right = sum(r["top_k"][0]["class"] == t for r, t in zip(results, truth, strict=True))
+    assert [r["folder_class"] for r in results] == truth
+    assert sum(r["correct"] for r in results) == right
+    proc = check(run_here("predict.py", "--weights", str(weights), str(new)))
+    assert proc.stderr.splitlines()[-1] == f"top-1 against the folder names: {right / 60:.4f} ({right}/60)"
+    assert len(proc.stdout.splitlines()) == 60  # stdout: still one line of classes per image
+
+    other = tmp_path / "photos"
+    other.mkdir()
+    for path in sorted(new.rglob("00[0-2].png")):
+        shutil.copy(path, other / f"{path.parent.name}_{path.name}")
+    alone = check(run_here("predict.py", "--weights", str(weights), str(other)))
+    assert "top-1" not in alone.stderr and "not scored" not in alone.stderr
+    assert all("folder_class" not in r for r in _predict(weights, other))
+    mixed = check(run_here("predict.py", "--weights", str(weights), str(new / "circle"), str(other)))
+    circles = sum(r["top_k"][0]["class"] == t == "circle" for r, t in zip(results, truth, strict=True))
+    assert mixed.stderr.splitlines()[-1] == (
+        f"top-1 against the folder names: {circles / 20:.4f} ({circles}/20; 9 images in folders not named after "
+        "a class are not scored)"
+    )
