@@ -31,6 +31,7 @@ def evaluate_model(
     num_classes: int,
     with_confusion: bool = False,
     tta: str = "none",
+    full_batches: bool = False,
 ) -> dict[str, Any]:
     """Exact evaluation: ``gather_for_metrics`` drops the samples padded for even sharding.
 
@@ -38,18 +39,29 @@ def evaluate_model(
     scores the same predictions; its accuracy must equal the exact count.
 
     ``tta="flip"``: the logits are the mean of each image's and its left-right mirror's (airbench's TTA).
+
+    ``full_batches`` (``--bitwise``): a short last batch is padded to the loader's batch size before the forward,
+    and the padding's outputs dropped. Several processes always evaluate full batches (accelerate pads them for
+    even sharding), and a CPU's kernels may round an image's logits by the batch's size (lenet with AMX: 2e-8
+    apart at 8 and 16 images), so one process pads too and ``eval_loss`` is the same bits on any setup.
     """
+    sampler = getattr(loader, "batch_sampler", None)  # accelerate's loaders keep the size there
+    full = int(getattr(loader, "batch_size", None) or getattr(sampler, "batch_size", 0) or 0) if full_batches else 0
     was_training = model.training
     model.eval()
     loss_sum = torch.zeros((), dtype=torch.float64, device=acc.device)
     preds_all, refs_all = [], []
     with torch.no_grad():
         for images, labels in loader:
+            real = len(images)
+            if 0 < real < full:  # repeats of the first image: their outputs are dropped below
+                images = torch.cat([images, images[:1].expand(full - real, *images.shape[1:])])
             with acc.autocast():
                 x = normalizer(images)
                 logits = model(x)
                 if tta == "flip":
                     logits = 0.5 * (logits + model(x.flip(-1)))
+            logits = logits[:real]
             losses = F.cross_entropy(logits.float(), labels, reduction="none")
             preds = logits.argmax(dim=1)
             preds, labels, losses = acc.gather_for_metrics((preds, labels, losses))

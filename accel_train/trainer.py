@@ -377,10 +377,10 @@ class Trainer:
     def evaluate(self, with_confusion: bool = False) -> dict[str, Any]:
         """The model's eval metrics; with ``--ema`` also the average's, as ``eval_ema_accuracy``, ``eval_ema_loss``."""
         args = (self.eval_dl, self.normalizer, None, self.info.num_classes)  # accuracy: an exact count
-        tta = self.cfg.tta
-        result = evaluate_model(self.acc, self.model, *args, with_confusion, tta=tta)
+        tta, full = self.cfg.tta, self.bitwise is not None  # --bitwise: full batches on any setup
+        result = evaluate_model(self.acc, self.model, *args, with_confusion, tta=tta, full_batches=full)
         if self.features.ema is not None:
-            ema = evaluate_model(self.acc, self.features.ema.module, *args, tta=tta)
+            ema = evaluate_model(self.acc, self.features.ema.module, *args, tta=tta, full_batches=full)
             result.update(self.features.ema_results(ema))
         if not math.isfinite(result["eval_loss"]):  # NaN/Inf outputs: no metric of this model means anything
             raise NonFiniteLossError(

@@ -271,3 +271,26 @@ def test_a_usage_error_of_a_launched_run_ends_with_its_one_line_and_exit_2(tmp_p
     assert needle in lines[-1] and lines[-1].split("error: ", 1)[0] in ("", "[rank 0] ", "[rank 1] "), lines[-3:]
     assert "Traceback" not in proc.stderr
     assert sum(needle in line for line in lines) <= (3 if config == "multi_cpu.yaml" else 1), proc.stderr[-3000:]
+
+
+def test_ctrl_c_of_a_two_process_run_under_accelerate_launch_saves_and_resumes(tmp_path):
+    """A terminal's Ctrl-C sends SIGINT to the whole foreground group: accelerate's launcher (torchrun's agent) and
+    both ranks. The ranks save at the next step and say so; the launcher then exits 1 with torchrun's own
+    traceback (its code, not ours: the README says so). What matters holds: not 0, so `train && eval` stops, and
+    `--resume auto` finishes the run."""
+    out = tmp_path / "run"
+    cmd = launch_cmd(FAULTY, *LENET, "--max-steps", "30", "--output-dir", str(out), config="multi_cpu.yaml")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(SLOW), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)  # fmt: skip
+    try:
+        _wait_for_step(out, 8, proc)
+        os.killpg(proc.pid, signal.SIGINT)  # the terminal's way: the group, not one process
+        log, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0, log[-3000:]
+    assert "received SIGINT); checkpoint saved, continue with --resume auto" in log, log[-3000:]
+    check(run_script("train.py", *LENET, "--max-steps", "30", "--resume", "auto", "--output-dir", str(out),
+                     config="multi_cpu.yaml"))  # fmt: skip
+    assert summary(out)["global_step"] == 30

@@ -94,3 +94,33 @@ def test_eval_accuracy_is_the_exact_count_and_the_evaluate_metric_agrees():
 
     with pytest.raises(RuntimeError, match="scored accuracy"):
         evaluate_model(acc, model, loader, lambda x: x, OffByOne(), 3)
+
+
+def test_bitwise_evaluation_pads_a_short_last_batch_to_the_full_size():
+    """--bitwise: a CPU's kernels may round an image's logits by its batch's size (lenet on an AMX CPU: 2e-8 at 8
+    and 16 images). Several processes evaluate full batches only (accelerate pads them), so one process pads its
+    short last batch too and drops the padding's outputs: here a model whose outputs follow the batch's size."""
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+
+    from accel_train.evaluation import evaluate_model
+
+    class BySize(torch.nn.Module):
+        def forward(self, x):
+            return x[:, :3] + 1e-3 * len(x)
+
+    g = torch.Generator().manual_seed(0)
+    images, labels = torch.randn(10, 6, generator=g), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2, 0])
+    batches = [(images[i : i + 4], labels[i : i + 4]) for i in range(0, 10, 4)]
+    sampler = SimpleNamespace(batch_size=4)  # where accelerate's loaders keep it
+    loader = type("Loader", (), {"batch_sampler": sampler, "__iter__": lambda self: iter(batches)})()
+    acc = Accelerator(cpu=True)
+    padded = evaluate_model(acc, BySize(), loader, lambda x: x, None, 3, full_batches=True)
+    plain = evaluate_model(acc, BySize(), loader, lambda x: x, None, 3)
+    with torch.no_grad():
+        full = torch.cat([images[:4] + 4e-3, images[4:8] + 4e-3, images[8:] + 4e-3])[:, :3]
+        expected = torch.nn.functional.cross_entropy(full, labels, reduction="none").double().sum().item() / 10
+    assert padded["eval_samples"] == plain["eval_samples"] == 10
+    assert padded["eval_loss"] == pytest.approx(expected, rel=1e-9)
+    assert plain["eval_loss"] != pytest.approx(expected, rel=1e-9)  # the short batch, unpadded, differs
