@@ -66,7 +66,12 @@ def test_a_resume_keeps_what_the_first_attempt_chose(shapes, tmp_path, monkeypat
     for part in ("--model small_cnn", "--augment", "--channels-last", "--epochs 167 (501 steps: at least 500)"):
         assert part in chose[0], chose[0]
     first = yaml.safe_load((out / "config.yaml").read_text())
-    assert (first["model"], first["augment"], first["channels_last"], first["epochs"]) == (defaults.MODEL, True, True, 167)
+    assert (first["model"], first["augment"], first["channels_last"], first["epochs"]) == (
+        defaults.MODEL,
+        True,
+        True,
+        167,
+    )
     record = first["resolved"]["defaults"]
     assert record["model"] == defaults.MODEL and record["min_steps"] == 500 and "no --model was given" in record["why"]
     monkeypatch.setattr(defaults, "MODEL", "mnist_cnn")

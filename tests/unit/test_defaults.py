@@ -59,7 +59,9 @@ def test_what_the_user_sets_wins():
     for length in (["--epochs", "3"], ["--max-steps", "7"]):
         _, after, picked = _picked(*folder, *length)
         assert (
-            after.model == defaults.MODEL and picked.min_steps is None and picked.epochs(after.epochs, 3) == after.epochs
+            after.model == defaults.MODEL
+            and picked.min_steps is None
+            and picked.epochs(after.epochs, 3) == after.epochs
         )
     _, after, _ = _picked(*folder, "--no-channels-last")
     assert after.channels_last is False
