@@ -14,7 +14,7 @@ file first, as ``--config`` does.
 a class or function called as ``model(num_classes=, in_channels=, image_size=)`` (its initialisation
 then follows ``seed``, the same on any number of processes); or an ``nn.Module`` instance (every
 process uses rank 0's initial weights). Without datasets, ``dataset=`` names one as ``--dataset`` does. Without
-a model, your data (or any but the built-in datasets) trains ``small_cnn`` for 500 steps or more
+a model, your data (or any but the built-in datasets) trains ``small_cnn_gn`` for 500 steps or more
 (``accel_train/defaults.py``).
 
 Datasets: any ``torch.utils.data.Dataset`` of ``(image, label)`` pairs, or of dicts with an image and

@@ -44,7 +44,7 @@ from accel_train.preprocess import describe_training_images
 from accel_train.resume import check_extension
 from accel_train.run_dir import ABANDONED, CONFIG, DATA_FILES, RunDir
 from accel_train.runtime import Runtime, bf16_cpu_note, check_fsdp_batchnorm, configure_backends
-from accel_train.sync_bn import apply_sync_bn, split_batch_warning
+from accel_train.sync_bn import apply_sync_bn, warn_parity_breakers
 from accel_train.tracking import RunLogger, tracker_names
 from accel_train.trainer import Trainer
 
@@ -349,9 +349,7 @@ def _prepare(
         _freeze(cfg, rt, model, pre)
     if cfg.bn_stats == "loaded":
         rt.print(f"accel_train: --bn-stats loaded: {len(keep_statistics(model))} BatchNorm layers on their statistics")
-    split_warning = None if cfg.sync_bn else split_batch_warning(model, rt, plan.micro_batch)
-    if split_warning:
-        rt.warn(f"{cfg.model}: {split_warning}")
+    warn_parity_breakers(model, rt, plan.micro_batch, cfg.model, cfg.sync_bn)
     scales = head_lr_scales(model, pre.head, lr, cfg.head_lr) if cfg.head_lr and pre else {}
     if backends.channels_last:
         model = model.to(memory_format=torch.channels_last)

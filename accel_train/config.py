@@ -47,20 +47,19 @@ class TrainConfig:
     # what to train
     model: str = _f(
         "lenet",
-        "model: small_cnn, mnist_cnn, lenet, resnet18, tv_resnet18, airbench; tv:NAME for any torchvision classifier "
-        "(e.g. tv:mobilenet_v3_small, random weights unless --pretrained); package.module:callable for your own code, "
-        "called as callable(num_classes=, in_channels=, image_size=) (default: lenet for the built-in datasets; for "
-        "your own data small_cnn, with --augment, --channels-last and 500 steps or more: accel_train/defaults.py)",
+        "model: small_cnn_gn, small_cnn, mnist_cnn, lenet, resnet18, tv_resnet18, airbench; tv:NAME for any "
+        "torchvision classifier (e.g. tv:mobilenet_v3_small, random weights unless --pretrained); package.module:"
+        "callable for your own code, called as callable(num_classes=, in_channels=, image_size=) (default: lenet for "
+        "the built-in datasets; for your own data small_cnn_gn, --augment, --channels-last, 500 steps or more; photos "
+        "fine-tune tv:resnet18 from ImageNet weights when they are at hand: accel_train/defaults.py)",
     )
     pretrained: str | None = _f(
         None,
         "start a tv: model from pretrained weights: the flag alone (DEFAULT) for the architecture's default "
         "weights (torchvision's cache under TORCH_HOME, else downloaded), a weights name (IMAGENET1K_V1), or a "
         "local .pth/.safetensors file; the head is new for the data's classes (default: random weights)",
-        nargs="?",
-        const="DEFAULT",
-        metavar="WEIGHTS",
-    )
+        nargs="?", const="DEFAULT", metavar="WEIGHTS",
+    )  # fmt: skip
     freeze: str | None = _f(
         None,
         "keep parameters as loaded: backbone (all but the new head, with --pretrained), or comma-separated "
@@ -171,16 +170,10 @@ class TrainConfig:
     checkpoint_epochs: bool = _f(True, "save a resumable checkpoint at the end of every epoch", resume=SAFE)
     keep_last: int = _f(2, "keep the newest K checkpoints", low=1, resume=SAFE)
     resume: str = _f("none", "auto (latest in --output-dir), a checkpoint PATH, or none", resume=ATTEMPT)
-    branch: bool = _f(
-        False,
-        "with --resume of an older checkpoint: move the newer checkpoints to OUTPUT_DIR/abandoned/ and go on",
-        resume=ATTEMPT,
-    )
-    extend: bool = _f(
-        False,
-        "with --resume: allow a larger --epochs/--max-steps (the LR schedule is re-planned for the new length)",
-        resume=ATTEMPT,
-    )
+    branch: bool = _f(False, "with --resume of an older checkpoint: move the newer checkpoints to "
+                      "OUTPUT_DIR/abandoned/ and go on", resume=ATTEMPT)  # fmt: skip
+    extend: bool = _f(False, "with --resume: allow a larger --epochs/--max-steps (the LR schedule is re-planned "
+                      "for the new length)", resume=ATTEMPT)  # fmt: skip
     resume_inexact: bool = _f(False, "resume even if a rank's random state is missing or unusable (that rank "
                               "starts from a fresh seed)", resume=ATTEMPT)  # fmt: skip
     resume_changed_data: bool = _f(False, "with --resume: go on although the data changed (named at the start; "

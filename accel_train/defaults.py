@@ -7,11 +7,14 @@ data given to ``accel_train.train``) is the user's own, small more often than no
 on where the object is. When the user picks no model (no ``--model`` flag, YAML key or ``train()`` option), the
 rest of the recipe is chosen with it, each part only where the user did not set it:
 
-* the model is ``small_cnn`` (``models/small_cnn.py``: per-image centred inputs, batch-normalised 3x3 convolutions,
-  global max pooling: the same features wherever the object is). It learns such classes on a CPU in seconds, where
-  ``lenet`` (its flattened layers tie every feature to a position) memorises a few hundred images;
+* the model is ``small_cnn_gn`` (``models/small_cnn.py``: per-image centred inputs, 3x3 convolutions normalised
+  with GroupNorm, each image alone: the same weights on 1 and N processes, and ``--bitwise``; global max pooling:
+  the same features wherever the object is). It learns such classes on a CPU in seconds, where ``lenet`` (its
+  flattened layers tie every feature to a position) memorises a few hundred images;
+* photos (:func:`looks_like_photos`) fine-tune :data:`PHOTO_MODEL` from ImageNet weights instead, with
+  :data:`PHOTO_RECIPE`, when the weights are at hand (``photo_defaults.py`` looks, once the folder is listed);
 * the augmentation is on for the sources whose builders have one (``imagefolder:``, ``hf:``, ``shards:``: random
-  crop and horizontal flip); ``--no-augment`` turns it off (text, digits: a mirrored one is another class);
+  crop, and a horizontal flip for colour images); ``--no-augment`` turns it off;
 * ``--channels-last``: its convolutions take 0.7x the time on a CPU (measured), the same on a GPU;
 * the run takes at least :data:`MIN_STEPS` optimizer steps: ``--epochs`` is raised for a small dataset (120 images
   at batch 32 make 3 steps an epoch, 24 in the flag's 8 epochs), unless ``--epochs`` or ``--max-steps`` is given.

@@ -274,3 +274,29 @@ def split_batch_warning(model: nn.Module, rt: Runtime, micro_batch: int) -> str 
         "1-process run's at the same global batch; --sync-bn keeps them the same, or --bn-stats loaded with "
         "--pretrained weights (docs/parity.md)"
     )
+
+
+def unkeyed_randomness(model: nn.Module) -> list[str]:
+    """Random layers whose draws are not keyed on the sample (every ``nn.Dropout`` was swapped for a keyed one,
+    ``features/dropout.py``): Dropout1d/2d/3d, alpha dropout, torchvision's stochastic depth. Each process draws
+    them from its own generator."""
+    kinds = (nn.modules.dropout._DropoutNd,)
+    found = {type(m).__name__ for m in model.modules() if isinstance(m, kinds) or type(m).__name__ == "StochasticDepth"}
+    return sorted(
+        name for name in found if any(getattr(m, "p", 0) for m in model.modules() if type(m).__name__ == name)
+    )
+
+
+def warn_parity_breakers(model: nn.Module, rt: Runtime, micro_batch: int, name: str, sync_bn: bool) -> None:
+    """One ``warning:`` line for each part of ``model`` that makes a split batch train other weights than one
+    process would (the README's promise; docs/parity.md), where the batch is split."""
+    split = None if sync_bn else split_batch_warning(model, rt, micro_batch)
+    if split:
+        rt.warn(f"{name}: {split}")
+    acc = rt.accelerator
+    random = unkeyed_randomness(model) if acc.num_processes > 1 else []
+    if random:
+        rt.warn(
+            f"{name}: {', '.join(random)} draw their randomness from each process's own generator (only "
+            "nn.Dropout's masks are keyed on the sample): the weights differ from a 1-process run's (docs/parity.md)"
+        )

@@ -121,3 +121,28 @@ def test_bitwise_takes_batchnorm_on_its_loaded_statistics_and_refuses_it_on_batc
     keep_statistics(model)
     refuse_unless_bitwise(acc, model, False, 8, 8)  # each image normalised alone: accepted
     refuse_unless_bitwise(acc, create_model(defaults.MODEL, 3, 3, 32), False, 8, 8)
+
+
+def test_randomness_not_keyed_on_the_sample_gets_one_line_on_several_processes():
+    """nn.Dropout's masks are keyed on the sample (swapped at build time); Dropout2d and stochastic depth draw from
+    each process's generator: a multi-process run says so, a 1-process run and a keyed model say nothing."""
+    from accel_train.features import use_keyed_dropout
+    from accel_train.sync_bn import unkeyed_randomness, warn_parity_breakers
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Dropout2d(0.2), nn.Flatten(), nn.Dropout(0.5), nn.LazyLinear(2))
+    model, _ = use_keyed_dropout(model, 0)
+    assert unkeyed_randomness(model) == ["Dropout2d"]
+    assert unkeyed_randomness(use_keyed_dropout(create_model("tv:efficientnet_b0", 3, 3, 32), 0)[0]) == [
+        "StochasticDepth"
+    ]
+    assert unkeyed_randomness(nn.Sequential(nn.Dropout2d(0.0))) == []  # p = 0 draws nothing
+    said: list[str] = []
+    rt = _rt(2)
+    rt.warn = said.append
+    warn_parity_breakers(model, rt, 16, "mine", sync_bn=False)
+    assert len(said) == 1 and said[0].startswith("mine: Dropout2d draw their randomness from each process's own")
+    said.clear()
+    rt1 = _rt(1)
+    rt1.warn = said.append
+    warn_parity_breakers(model, rt1, 32, "mine", sync_bn=False)
+    assert said == []
