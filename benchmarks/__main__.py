@@ -18,6 +18,9 @@ python -m benchmarks data-scale --root DIR [--train 100000]   # an image folder 
 
 python -m benchmarks shapes [--seeds 0,1,2] [-- FLAGS]   # the README's folder command on drawn shapes, 3 seeds
 (benchmarks/shapes_bench.py: test accuracy, the memorisation warning, seconds from process start, CPU seconds)
+
+python -m benchmarks busy-threads [--rounds 3] [--hogs 1]   # a run beside a busy process: all cores, 1, the default
+(benchmarks/busy_threads.py: samples/s idle and beside CPU hogs, side by side, and the threads the default chose)
 """
 
 import sys
@@ -109,6 +112,10 @@ def main(argv=None):
         from benchmarks.shapes_bench import main as shapes
 
         return shapes(argv[1:])
+    if argv[:1] == ["busy-threads"]:
+        from benchmarks.busy_threads import main as busy_threads
+
+        return busy_threads(argv[1:])
     if argv[:1] == ["data-scale"]:
         from benchmarks.data_scale import main as data_scale
 

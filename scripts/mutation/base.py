@@ -26,6 +26,7 @@ PROMISES = (
     "tracker runs",
     "socket interface",
     "data you can trust",
+    "threads beside other work",
 )
 
 
