@@ -151,7 +151,8 @@ def _announce(cfg: TrainConfig, rt: Runtime, splits: DataSplits, plan_line: str)
     rt.print(  # before the progress bar exists, so the header does not end up on the bar's line
         f"accel_train: {cfg.model} on {cfg.dataset} ({len(splits.train)} train / {len(splits.test)} test) | "
         f"{acc.num_processes} process(es), {acc.distributed_type.value}, device {acc.device}, "
-        f"mixed precision {acc.mixed_precision}, {rt.threads} thread(s)/process\naccel_train: {plan_line}"
+        f"mixed precision {acc.mixed_precision}, {rt.threads} thread(s)/process ({rt.threads_why})\n"
+        f"accel_train: {plan_line}"
     )
     bf16_note = bf16_cpu_note(acc.mixed_precision, acc.device.type)
     if bf16_note:

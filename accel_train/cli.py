@@ -7,6 +7,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
+from accel_train.cpu_load import mark_start
 from accel_train.errors import AccelTrainError
 from accel_train.flags import ArgumentParser  # noqa: F401  (the commands' parser, with run_main)
 from accel_train.heap import one_command_process
@@ -87,6 +88,7 @@ def run_main(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     one_command_process()  # the collector's policy for a process that runs one command and exits (heap.py)
+    mark_start()  # the start-up's window in which other work's cores are counted (cpu_load.py), before torch loads
     try:
         code = main(argv) or 0
     except AccelTrainError as exc:

@@ -186,7 +186,7 @@ class TrainConfig:
     )
     # performance
     num_workers: int = _f(0, "DataLoader workers for datasets that are not held in memory", low=0, resume=SAFE)
-    threads: int | None = _f(None, "torch threads per process (default: cores / local processes)", low=1, resume=SAFE)
+    threads: int | None = _f(None, "torch threads/process (default: free cores / local processes)", low=1, resume=SAFE)
     channels_last: bool | None = _f(
         None, "channels_last memory format (default: on for conv models under bf16/fp16 on CUDA)", resume=SAFE
     )

@@ -9,7 +9,7 @@ It also owns what Accelerate does not do for us (measured with accelerate
   gives real gloo DDP, which is what ``multi_cpu.yaml`` relies on;
 * one process that sees several GPUs is never wrapped in ``nn.DataParallel``;
 * fp16 on CPU is silently ignored;
-* threads: N processes on one machine must share its cores.
+* threads: N processes on one machine must share its cores, and other work's cores are not free (cpu_load.py).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Protocol
@@ -27,6 +28,7 @@ import torch
 import torch.nn as nn
 
 from accel_train.accelerate_env import check_accelerate_env
+from accel_train.cpu_load import ThreadChoice, allowed_cpus, busy_cores, choose_threads
 from accel_train.elastic import launched_world_size, relaunch_as_ranks
 from accel_train.errors import LaunchError
 from accel_train.netif import choose_socket_ifname, spans_machines
@@ -285,36 +287,31 @@ def local_world_size(env: dict[str, str] | os._Environ = os.environ) -> int:
 
 
 def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
+    return len(allowed_cpus())
 
 
-def configure_threads(requested: int | None) -> int:
-    """Split the machine's cores between the processes that share it; ``--threads`` beyond the cores is capped.
-
-    (More threads than cores only oversubscribe them, and a huge count makes thread creation fail in native
-    code: a segfault, not an exception.)
+def configure_threads(requested: int | None, busy: Callable[[], float | None] = busy_cores) -> ThreadChoice:
+    """Set torch's threads by ``cpu_load.choose_threads``: ``--threads``, else this machine's cores split between
+    its processes, a lone process leaving out the cores other work keeps busy (``busy`` measures them; only asked
+    then). A huge ``--threads`` is capped with a warning: it made thread creation fail in native code, a segfault.
     """
-    cores = available_cores()
-    threads = requested or max(1, cores // local_world_size())
-    if threads > cores:
-        if os.environ.get("RANK", "0") == "0":
-            print(
-                f"warning: --threads {threads} is more than the {cores} core(s) this process may use; using {cores}",
-                file=sys.stderr,
-                flush=True,
-            )
-        threads = cores
-    torch.set_num_threads(threads)
-    return threads
+    cores, local = available_cores(), local_world_size()
+    choice = choose_threads(requested, cores, local, busy() if not requested and local == 1 else None)
+    if requested and requested > cores and os.environ.get("RANK", "0") == "0":
+        print(
+            f"warning: --threads {requested} is more than the {cores} core(s) this process may use; using {cores}",
+            file=sys.stderr,
+            flush=True,
+        )
+    torch.set_num_threads(choice.threads)
+    return choice
 
 
 @dataclass
 class Runtime:
     accelerator: Accelerator
     threads: int
+    threads_why: str = ""  # the start line's reason for ``threads`` (cpu_load.choose_threads)
     data_parallel: bool = False
     deterministic_before: bool | None = None  # --bitwise: torch's setting before this run (restored by end())
 
@@ -396,7 +393,7 @@ def build_runtime(
     watch_launcher()
     cpu = wants_cpu_ranks()
     bitwise = getattr(cfg, "bitwise", False)  # one thread everywhere: a kernel's sums depend on the thread count
-    threads = configure_threads(1 if bitwise else cfg.threads)
+    threads = ThreadChoice(configure_threads(1).threads, "--bitwise") if bitwise else configure_threads(cfg.threads)
     timeout = timedelta(seconds=cfg.dist_timeout)
     init_process_group_per_attempt(cpu, timeout)
     _forget_the_previous_run()
@@ -414,7 +411,7 @@ def build_runtime(
         dynamo_plugin=TorchDynamoPlugin(backend="inductor") if cfg.compile else None,
         kwargs_handlers=[InitProcessGroupKwargs(timeout=timeout)],
     )
-    runtime = Runtime(accelerator, threads)
+    runtime = Runtime(accelerator, threads.threads, threads.why)
     if bitwise:
         runtime.deterministic_before = torch.are_deterministic_algorithms_enabled()
         torch.use_deterministic_algorithms(True)

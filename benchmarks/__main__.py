@@ -21,6 +21,8 @@ python -m benchmarks shapes [--seeds 0,1,2] [-- FLAGS]   # the README's folder c
 
 python -m benchmarks photos [--folder DIR] [--torch-home DIR]   # photos: fine-tuned beside from scratch
 (benchmarks/photos_bench.py: the default's choice, accuracy, seconds, CPU seconds)
+python -m benchmarks busy-threads [--rounds 3] [--hogs 1]   # a run beside a busy process: all cores, 1, the default
+(benchmarks/busy_threads.py: samples/s idle and beside CPU hogs, side by side, and the threads the default chose)
 """
 
 import sys
@@ -116,6 +118,10 @@ def main(argv=None):
         from benchmarks.photos_bench import main as photos
 
         return photos(argv[1:])
+    if argv[:1] == ["busy-threads"]:
+        from benchmarks.busy_threads import main as busy_threads
+
+        return busy_threads(argv[1:])
     if argv[:1] == ["data-scale"]:
         from benchmarks.data_scale import main as data_scale
 

@@ -42,7 +42,7 @@ def _child_server(spec: dict[str, Any]) -> None:
 
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    torch.set_num_threads(spec.get("threads") or max(1, available_cores() // local_world))  # == runtime's rule
+    torch.set_num_threads(spec.get("threads") or max(1, available_cores() // local_world))  # runtime's rule, idle
     if world > 1:
         dist.init_process_group("gloo")
     rank = int(os.environ.get("RANK", "0") or 0)

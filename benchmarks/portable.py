@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from accel_train.cpu_load import BUSY_ENV
 from accel_train.doctor.launching import CONFIG_DIR, REPO, accelerate_launch, child_env
 from benchmarks.common import _load_json, _tail
 from benchmarks.devices import visible_devices
@@ -151,8 +152,10 @@ def _display_command(cmd: list[str]) -> str:
 def portable_env(
     setup: Setup, opts: BenchOptions, mem_dir: Path, parent_env: Mapping[str, str] | None = None
 ) -> dict[str, str]:
-    """The environment of a portable run: GPUs pinned (see ``visible_devices``), the TF32 choice for the wrapper."""
-    env = child_env({"ACCEL_BENCH_MEM_DIR": str(mem_dir)})
+    """The environment of a portable run: GPUs pinned (see ``visible_devices``), the TF32 choice for the wrapper,
+    the threads of an idle machine (the plain loop's)."""
+    # BUSY_ENV 0: the cores // processes threads of the plain loop beside it (plain_server.py), whatever the load
+    env = child_env({"ACCEL_BENCH_MEM_DIR": str(mem_dir), BUSY_ENV: "0"})
     visible = visible_devices(setup, parent_env)
     if visible is not None and setup.processes == 1:  # multi_cpu.yaml hides the GPUs itself
         env["CUDA_VISIBLE_DEVICES"] = visible

@@ -18,6 +18,10 @@ from pathlib import Path
 # each), the suite took 9:53 with the default wait policy and 7:53 with threads that sleep. Set before torch
 # is imported in this process; children inherit it (``child_env``). It changes how threads wait, not results.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# A run without --threads leaves out the cores other work keeps busy (accel_train/cpu_load.py), and the suite keeps
+# both cores busy: its runs choose as on an idle machine instead, so no result depends on the machine's load (runs
+# compared with each other take the same threads). tests/unit/test_cpu_load.py tests the choice with fake loads.
+os.environ.setdefault("ACCEL_TRAIN_BUSY_CORES", "0")
 # Image-folder indexes are cached (accel_train/data/index_cache.py): the suite's go to a folder of its own, never
 # to the user's ~/.cache; children inherit it.
 if "ACCEL_TRAIN_CACHE" not in os.environ:

@@ -27,6 +27,7 @@ PROMISES = (
     "socket interface",
     "data you can trust",
     "your own data",
+    "threads beside other work",
 )
 
 

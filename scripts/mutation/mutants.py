@@ -295,6 +295,14 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("empty-socket-ifname-is-a-choice", "socket interface", "netif.py",
        "for k in SOCKET_IFNAME_VARS if env.get(k))", "for k in SOCKET_IFNAME_VARS if k in env)",
        "tests/unit/test_netif.py::test_an_empty_socket_ifname_is_no_choice_of_the_users"),
+    # ---- threads beside other work (issue 50: 2 threads beside a busy process trained 10-30x slower) ---------------
+    _m("threads-ignore-other-work", "threads beside other work", "cpu_load.py",
+       "    threads = max(1, min(cores, int(cores - busy + 0.5)))\n", "    threads = cores\n",
+       "tests/unit/test_cpu_load.py::test_configure_threads_takes_one_thread_beside_a_busy_core"),
+    # the start-up's seconds of imports are the window; without it every run sleeps a probe first
+    _m("threads-probe-despite-start-window", "threads beside other work", "cpu_load.py",
+       "    if start is None or start.cpus != now.cpus or not", "    if True or start.cpus != now.cpus or not",
+       "tests/unit/test_cpu_load.py::test_a_start_up_window_is_used_without_a_probe"),
 )
 # fmt: on
 MUTANTS += DATA_MUTANTS  # data_mutants.py: the data modules' part of the list

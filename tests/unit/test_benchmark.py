@@ -587,3 +587,33 @@ def test_the_portable_keeps_the_plain_loops_bf16_gain_on_every_cpu_kind(portable
         assert "lenet" in goal["goal"] and kind in goal["goal"]
     no_plain = {**bf16, "plain_speedup_vs_cpu_fp32": None}
     assert not [g for g in evaluate_goals([fp32, no_plain], None, {}, None, "amx") if "bf16 gain" in g["goal"]]
+
+
+def test_busy_threads_pairs_each_case_with_its_round_idle_run_and_clears_the_pins(monkeypatch):
+    from benchmarks.busy_threads import Case, _env, cases, summarise, table
+
+    def run(case, rate, threads=2):
+        return {"case": case, "samples_per_s": rate, "threads": threads, "threads_why": "x", "background_cores": 0.1}
+
+    rounds = [
+        [run("a, idle", 1000.0), run("b, idle", 2000.0), run("a, busy", 100.0)],
+        [run("a, idle", 500.0), run("b, idle", 400.0), run("a, busy", 100.0, threads=1)],
+    ]
+    rows = summarise(rounds, "a, idle")
+    assert [r["ratio_vs_idle"] for r in rows] == [1.0, 1.4, 0.15]  # the median of each round's ratio, paired
+    assert [r["ratio_vs_best_idle"] for r in rows] == [0.75, 0.9, 0.125]  # busy: 100/2000 and 100/500
+    assert rows[2]["samples_per_s"] == 100.0 and rows[2]["threads"] == [1, 2]
+    assert "| a, busy | 100 | 0.15x | 0.12x | 1/2 | 0.1, 0.1 |" in table(rows)
+    names = [c.name for c in cases(2)]
+    assert names[0] == "--threads 2, idle" and {"default, idle", "default, busy", "--threads 1, busy"} <= set(names)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # the suite's pins (conftest)
+    monkeypatch.setenv("ACCEL_TRAIN_BUSY_CORES", "0")
+    env = _env(Case("x", True, None))
+    assert "ACCEL_TRAIN_BUSY_CORES" not in env and "OMP_WAIT_POLICY" not in env  # the case measures the real load
+    assert _env(Case("x", True, 2, (("OMP_WAIT_POLICY", "PASSIVE"),)))["OMP_WAIT_POLICY"] == "PASSIVE"
+
+
+def test_portable_runs_take_the_plain_loops_threads_whatever_the_load(tmp_path):
+    from accel_train.cpu_load import BUSY_ENV
+
+    assert portable_env(CPU_FP32, BenchOptions(out=tmp_path), tmp_path, parent_env={})[BUSY_ENV] == "0"

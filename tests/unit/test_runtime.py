@@ -185,7 +185,7 @@ def test_threads_beyond_the_cores_are_capped(capsys):
 
     before = torch.get_num_threads()
     try:
-        assert configure_threads(1_000_000) == available_cores() == torch.get_num_threads()
+        assert configure_threads(1_000_000).threads == available_cores() == torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
     err = capsys.readouterr().err
