@@ -25,6 +25,7 @@ from accel_train.config import TrainConfig, save_config
 from accel_train.data import build_dataset
 from accel_train.data.base import DataSplits
 from accel_train.data.folder import unaugmented_sample
+from accel_train.data.identity import check_same_data
 from accel_train.data.pipeline import BatchNormalizer, BatchPlan, make_loader, place_on_device, plan_batches
 from accel_train.data.settings import refuse_flags_that_do_not_apply
 from accel_train.defaults import Defaults, choose
@@ -66,11 +67,7 @@ def build_trainer(
     acc = rt.accelerator
     cfg, picked = _with_defaults(cfg, fresh=resume_path is None)  # the user's own data: its defaults (defaults.py)
     _check_inputs(cfg, rt, run_dir, resume_path)
-    with acc.main_process_first():  # downloads and caches happen once
-        splits = given.get("splits") or build_dataset(cfg.data_config())  # given: accel_train.train's data
-    if not given.get("splits"):  # a folder of photos: ImageNet weights when they are at hand
-        cfg, picked, splits = choose_for_photos(cfg, rt, splits, picked, lambda c: build_dataset(c.data_config()))
-    check_same_data(acc, splits)
+    cfg, picked, splits = _data(cfg, rt, picked, given.get("splits"))
     ident = _check_resumed_data(cfg, rt, splits, run_dir, resume_path, given.get("splits"))  # before any model
     device_batch = None if cfg.max_device_batch == AUTO else cfg.max_device_batch  # auto: probed in _prepare
     plan = plan_batches(acc.num_processes, cfg.batch_size, cfg.grad_accum_steps, cfg.global_batch_size, device_batch)
@@ -251,31 +248,16 @@ def _freeze(cfg: TrainConfig, rt: Runtime, model, pre: PretrainedInfo | None) ->
     )
 
 
-def check_same_data(acc, splits: DataSplits) -> None:
-    """Every process must index the same files (``extra["index_digest"]``) and read the same shape from them
-    (channels, size, classes, mean/std): a folder that differs between two machines, or a cache that did, would
-    otherwise train each rank on other data, or fail inside DDP with a parameter-shape traceback."""
-    if acc.num_processes == 1:
-        return
-    from accelerate.utils import gather_object
-
-    info = splits.info
-    shape = (info.num_classes, info.in_channels, info.image_size, list(info.class_names), info.mean, info.std)
-    mine = (splits.extra.get("index_digest"), repr(shape))
-    seen = gather_object([mine])
-    others = [rank for rank, d in enumerate(seen) if d != seen[0]]
-    if not others:
-        return
-    if seen[others[0]][0] != seen[0][0]:
-        raise UserError(
-            f"{info.name}: process(es) {', '.join(map(str, others))} see other files than process 0 "
-            f"(index {seen[others[0]][0]} vs {seen[0][0]}); give every machine the same copy of the data"
-        )
-    raise UserError(
-        f"{info.name}: process(es) {', '.join(map(str, others))} read other images than process 0 from the same "
-        f"file list ((classes, channels, size, names, mean, std) {seen[others[0]][1][:120]} vs {seen[0][1][:120]}): "
-        "a file differs in content between the machines; give every machine the same copy of the data"
-    )
+def _data(cfg: TrainConfig, rt: Runtime, picked: Defaults, given: DataSplits | None):
+    """(config, defaults, data): the run's data (``given``: accel_train.train's), read on process 0 first
+    (downloads and caches happen once), a folder of photos with ImageNet weights when they are at hand
+    (``photo_defaults``), the same on every process (``data.identity.check_same_data``)."""
+    with rt.accelerator.main_process_first():
+        splits = given or build_dataset(cfg.data_config())
+    if given is None:
+        cfg, picked, splits = choose_for_photos(cfg, rt, splits, picked, lambda c: build_dataset(c.data_config()))
+    check_same_data(rt.accelerator, splits)
+    return cfg, picked, splits
 
 
 def _check_resumed_data(cfg: TrainConfig, rt: Runtime, splits: DataSplits, run_dir: RunDir, resume_path, given_data):

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from accel_train.data.base import DataSplits
+from accel_train.errors import UserError
 from accel_train.fsio import atomic_write
 
 EXAMPLES = 3  # file or shard names given per kind of change
@@ -359,3 +361,30 @@ def _hf_change(name: str, was: dict, now: Part) -> str:
         if key in said:
             what = ", ".join(filter(None, [what, words]))
     return f"{name}: {what or 'other data'}"
+
+
+def check_same_data(acc, splits: DataSplits) -> None:
+    """Every process must index the same files (``extra["index_digest"]``) and read the same shape from them
+    (channels, size, classes, mean/std): a folder that differs between two machines, or a cache that did, would
+    otherwise train each rank on other data, or fail inside DDP with a parameter-shape traceback."""
+    if acc.num_processes == 1:
+        return
+    from accelerate.utils import gather_object
+
+    info = splits.info
+    shape = (info.num_classes, info.in_channels, info.image_size, list(info.class_names), info.mean, info.std)
+    mine = (splits.extra.get("index_digest"), repr(shape))
+    seen = gather_object([mine])
+    others = [rank for rank, d in enumerate(seen) if d != seen[0]]
+    if not others:
+        return
+    if seen[others[0]][0] != seen[0][0]:
+        raise UserError(
+            f"{info.name}: process(es) {', '.join(map(str, others))} see other files than process 0 "
+            f"(index {seen[others[0]][0]} vs {seen[0][0]}); give every machine the same copy of the data"
+        )
+    raise UserError(
+        f"{info.name}: process(es) {', '.join(map(str, others))} read other images than process 0 from the same "
+        f"file list ((classes, channels, size, names, mean, std) {seen[others[0]][1][:120]} vs {seen[0][1][:120]}): "
+        "a file differs in content between the machines; give every machine the same copy of the data"
+    )

@@ -74,7 +74,7 @@ DATA_MUTANTS: tuple[Mutant, ...] = (
        "cfg.val_split, cfg.seed)[0].numpy()",
        f"{T_IDENTITY}::test_eval_on_flat_shards_scores_the_rows_training_held_out"),
     # two machines' caches (or contents) differ: a parameter-shape traceback inside DDP
-    _m("ranks-compare-only-the-file-list", "data you can trust", "build.py",
+    _m("ranks-compare-only-the-file-list", "data you can trust", "data/identity.py",
        "    mine = (splits.extra.get(\"index_digest\"), repr(shape))",
        "    mine = (splits.extra.get(\"index_digest\"), \"\")",
        f"{T_FOLDER_INDEX}::test_ranks_that_index_other_files_are_refused"),

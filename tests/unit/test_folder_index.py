@@ -168,7 +168,7 @@ def test_a_directory_loop_is_refused(tmp_path):
 
 @pytest.mark.parametrize("n", [30, 1000])
 def test_every_index_of_the_same_folder_is_the_same(tmp_path, n):
-    """What ranks compare (build.check_same_data): the same files give the same digest; one file more does not."""
+    """What ranks compare (identity.check_same_data): the same files give the same digest; one file more does not."""
     root = tmp_path / "imgs"
     for c in ("a", "b"):
         (root / c).mkdir(parents=True)
@@ -182,7 +182,7 @@ def test_every_index_of_the_same_folder_is_the_same(tmp_path, n):
 
 
 def test_ranks_that_index_other_files_are_refused(tmp_path, monkeypatch):
-    """build.check_same_data: what the ranks gathered must agree, the file list (one folder copy per machine that
+    """identity.check_same_data: what the ranks gathered must agree, the file list (one folder copy per machine that
     differs would train each rank on other data) and what was read from it (channels, size, classes, mean/std:
     a file that differs in content, or a cache that did, would fail inside DDP); a lone process gathers nothing."""
     from types import SimpleNamespace

@@ -108,7 +108,7 @@ def test_the_cycle_check_sees_a_cycle_through_a_function(tmp_path):
 
 #: Who may see the whole run config: the config layer itself (resume reconciles two configs), the run's entry
 #: (api, loop, build), the loop that runs it, and the commands. Everything else gets its slice or plain values.
-CONFIG_READERS = {"config", "resume", "api", "loop", "build", "trainer", "saved_eval"}
+CONFIG_READERS = {"config", "resume", "api", "loop", "build", "trainer", "saved_eval", "photo_defaults"}
 
 
 #: Who may name ``output_dir``: the config (the flag), the run's entry (which hands it to ``RunDir``, the run
