@@ -89,7 +89,9 @@ class BitwiseStep:
         offset = 0
         for p in self.params:
             n = p.numel()
-            p.grad = total[offset : offset + n].view_as(p).to(p.dtype).clone()
+            grad = torch.empty_like(p)  # the parameter's layout (channels_last): fused optimizers pair by memory
+            grad.copy_(total[offset : offset + n].view(p.shape))
+            p.grad = grad
             offset += n
 
     def step(self, trainer, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor) -> bool:

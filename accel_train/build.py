@@ -32,7 +32,7 @@ from accel_train.defaults import Defaults, choose
 from accel_train.errors import CheckpointError, UserError
 from accel_train.features import TrainFeatures, use_keyed_dropout
 from accel_train.features.device_batch import AUTO, fit_device_batch
-from accel_train.features.finetune import freeze, frozen_names, head_lr_scales, keep_statistics
+from accel_train.features.finetune import freeze, frozen_names, head_lr_scales, keep_statistics_said
 from accel_train.fsio import writing
 from accel_train.meters import StepTimer, Window
 from accel_train.models import check_model_name, create_model
@@ -89,7 +89,7 @@ def build_trainer(
     resolved["defaults"] = picked.record(cfg.epochs) if picked else _saved_defaults(resume_path)  # what, and why
     if picked.pretrained and pre is not None:
         resolved["defaults"].update(pre.record())  # the weights' file and sha256
-    meta = _meta(cfg, splits, pre, resolved, ident)
+    meta = _meta(cfg, splits, pre, resolved, ident, resume_path)
     state = _resume(cfg, rt, resume_path, scheduler, plan, total_steps, feats) if resume_path else TrainState()
     _open_run_folder(cfg, rt, run_dir, resume_path, resolved, ident)
     resumed = f"; resumed from {resume_path} at step {state.global_step}" if resume_path else ""
@@ -254,9 +254,12 @@ def _data(cfg: TrainConfig, rt: Runtime, picked: Defaults, given: DataSplits | N
     (``photo_defaults``), the same on every process (``data.identity.check_same_data``)."""
     with rt.accelerator.main_process_first():
         splits = given or build_dataset(cfg.data_config())
+    check_same_data(rt.accelerator, splits)  # before the photos' collective: ranks on other data leave here
     if given is None:
+        read = splits
         cfg, picked, splits = choose_for_photos(cfg, rt, splits, picked, lambda c: build_dataset(c.data_config()))
-    check_same_data(rt.accelerator, splits)
+        if splits is not read:  # read again at the weights' size
+            check_same_data(rt.accelerator, splits)
     return cfg, picked, splits
 
 
@@ -313,7 +316,7 @@ def _prepare(
     set_seed(cfg.seed)
     if hasattr(splits.train, "augment_seed"):
         splits.train.augment_seed = cfg.seed
-    info = splits.info
+    info, built_here = splits.info, model is None and fresh  # a fresh model of ours: no statistics of its own
     if model is None:
         model = create_model(cfg.model, info.num_classes, info.in_channels, info.image_size)
         if pre is not None and fresh:
@@ -330,8 +333,11 @@ def _prepare(
         model = apply_sync_bn(model, rt)
     if cfg.freeze:  # after --sync-bn, which replaces BatchNorm layers
         _freeze(cfg, rt, model, pre)
-    if cfg.bn_stats == "loaded":
-        rt.print(f"accel_train: --bn-stats loaded: {len(keep_statistics(model))} BatchNorm layers on their statistics")
+    if cfg.bn_stats == "loaded":  # said when the statistics are no one's: a fresh model without --pretrained
+        said, warning = keep_statistics_said(model, cfg.model, untrained=built_here and pre is None)
+        rt.print(f"accel_train: {said}")
+        if warning:
+            rt.warn(warning)
     warn_parity_breakers(model, rt, plan.micro_batch, cfg.model, cfg.sync_bn)
     scales = head_lr_scales(model, pre.head, lr, cfg.head_lr) if cfg.head_lr and pre else {}
     if backends.channels_last:
@@ -381,11 +387,16 @@ def _scheduler(cfg: TrainConfig, optimizer, total_steps: int):
     return build_scheduler(optimizer, total_steps, *shape)
 
 
-def _meta(cfg: TrainConfig, splits: DataSplits, pre, resolved: dict[str, Any], ident) -> dict[str, Any]:
+def _meta(cfg: TrainConfig, splits: DataSplits, pre, resolved: dict[str, Any], ident, resume_path=None) -> dict:
     """What every checkpoint carries: the model's config, the run's config, what this setup made of it, and
-    (``resolved["data"]``, also in the export's config.json for eval.py) what the run trains on."""
+    (``resolved["data"]``, also in the export's config.json for eval.py) what the run trains on. A resume keeps
+    its first attempt's record of the weights it started from, whatever the cache holds now."""
     resolved["data"] = ident.record() if ident is not None else None  # data.identity
     model_config = {**_model_config(cfg, splits, pre), "data": resolved["data"]}
+    if resume_path is not None and pre is not None:
+        saved = read_progress(resume_path).get("model_config") or {}
+        model_config = {k: v for k, v in model_config.items() if not k.startswith("pretrained")}
+        model_config.update({k: v for k, v in saved.items() if k.startswith("pretrained")})
     return {"model_config": model_config, "config": cfg.to_dict(), "resolved": resolved}
 
 

@@ -29,8 +29,9 @@ values out (the config's validation uses it too).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 #: The datasets with a recipe of their own (model, augmentation, length): nothing is chosen for them.
@@ -95,7 +96,7 @@ class Defaults:
     def describe(self, epochs: int, steps_per_epoch: int) -> str:
         """The run's start line (without the ``accel_train:`` prefix)."""
         if self.pretrained:
-            parts = [f"--model {self.model} --pretrained (ImageNet weights, fine-tuned)"]
+            parts = [f"--model {self.model} --pretrained (torchvision's ImageNet weights, fine-tuned)"]
             recipe = {name: getattr(self, name) for name in ("bn_stats", "optimizer", "lr", "image_size")}
             parts += [f"--{k.replace('_', '-')} {v:g}" if isinstance(v, float) else f"--{k.replace('_', '-')} {v}"
                       for k, v in recipe.items() if v is not None]  # fmt: skip
@@ -110,23 +111,33 @@ class Defaults:
         instead = f"; --model {MODEL} trains from scratch instead" if self.pretrained else ""
         return f"defaults for your data ({self.why()}): {', '.join(parts)}; flags choose otherwise{instead}"
 
-    def for_photos(self, given: Collection[str] | None, why: str) -> Defaults:
+    def for_photos(self, given: Collection[str] | None, why: str, batch: int = 32) -> Defaults:
         """This choice for photos whose ImageNet weights are at hand (``why``: what made them photos, and where
-        the weights are): :data:`PHOTO_MODEL` fine-tuned with :data:`PHOTO_RECIPE`, for what the user did not set."""
+        the weights are): :data:`PHOTO_MODEL` fine-tuned with :data:`PHOTO_RECIPE`, for what the user did not set.
+        The recipe's lr is its optimizer's, at ``batch`` (the global batch if given, else the micro-batch: the
+        same on any number of processes) scaled from 32; an optimizer the user picked keeps its own lr."""
         given = set(given or ())
         recipe = {k: v for k, v in PHOTO_RECIPE.items() if k not in given}
+        if "optimizer" in given:
+            recipe.pop("lr", None)
+        elif "lr" in recipe:
+            recipe["lr"] = round(PHOTO_RECIPE["lr"] * batch / 32, 8)
         steps = None if self.min_steps is None else PHOTO_MIN_STEPS
         return dataclasses.replace(self, model=PHOTO_MODEL, pretrained="DEFAULT", min_steps=steps, photos=why,
                                    **recipe)  # fmt: skip
 
 
-def looks_like_photos(channels: int, short_sides: Collection[int]) -> str:
-    """Why images of ``channels`` channels whose distinct sizes have these short sides are photos ("" if they are
-    not): colour, and a median short side of :data:`PHOTO_SIDE` pixels or more. Digits, drawings, small grey
-    images (MNIST's 28, CIFAR's 32, the shapes' 64) are not; nor are grey photos (ImageNet's weights see colour)."""
-    if channels != 3 or not short_sides:
+def looks_like_photos(channels: int, short_sides: Mapping[int, int]) -> str:
+    """Why images of ``channels`` channels are photos ("" if they are not), ``short_sides`` counting the images of
+    each shorter side: colour, and the median image's shorter side :data:`PHOTO_SIDE` pixels or more. Digits,
+    drawings, small grey images (MNIST's 28, CIFAR's 32, the shapes' 64) are not; nor are grey photos (ImageNet's
+    weights see colour); a few photos among icons do not make them photos, nor a few thumbnails among photos."""
+    total = sum(short_sides.values()) if short_sides else 0
+    if channels != 3 or total < 1:
         return ""
-    side = sorted(short_sides)[len(short_sides) // 2]
+    ordered = sorted(short_sides.items())
+    counted = zip(ordered, itertools.accumulate(n for _, n in ordered), strict=True)
+    side = next(s for (s, _), seen in counted if 2 * seen > total)  # the median image's
     if side < PHOTO_SIDE:
         return ""
     return f"colour images, {side} pixels a side (median)"

@@ -42,11 +42,12 @@ def choose_for_photos(
         rt.print(
             f"accel_train: your images look like photos ({what}): ImageNet weights would bring a lot ({BRINGS}), "
             f"but {why}; training {MODEL} from scratch. To fine-tune: download {url} to {where} (TORCH_HOME sets "
-            f"the folder) and run again, or pass --model {PHOTO_MODEL} --pretrained PATH"
+            "the folder) and run again"
         )
         return cfg, picked, splits
+    batch = cfg.global_batch_size or cfg.batch_size
     picked = picked.for_photos(getattr(cfg, "given", None), f"they look like photos ({what}); ImageNet weights "
-                               f"at hand: {path}")  # fmt: skip
+                               f"at hand: {path}{why}", batch)  # fmt: skip
     new = dataclasses.replace(cfg, **picked.settings()).validate(given=getattr(cfg, "given", None))
     if new.image_size != cfg.image_size:
         with rt.accelerator.main_process_first():  # the cache's facts: written once
@@ -55,10 +56,12 @@ def choose_for_photos(
 
 
 def _weights_here() -> tuple:
-    from accel_train.models.pretrained import fetch_default_weights
+    from accel_train.models.pretrained import fetch_default_weights, is_torchvisions
 
-    offline = os.environ.get(OFFLINE_ENV, "") not in ("", "0")
+    offline = os.environ.get(OFFLINE_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
     path, why = fetch_default_weights(PHOTO_MODEL, download=not offline)
+    if path is not None:  # at hand: "" or what is odd about the file
+        return path, "" if is_torchvisions(path) else " (its sha256 is not torchvision's: a replaced or damaged file?)"
     return path, f"{why} ({OFFLINE_ENV} is set)" if offline else why
 
 

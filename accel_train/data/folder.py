@@ -291,19 +291,32 @@ def valid_headers(facts) -> bool:
         return False
 
 
-def _headers(index: FolderIndex, where: Path) -> tuple[Counter, set[tuple[int, int]]]:
-    """The PIL modes and sizes of the folder's images: of every image (each read whole, the unreadable ones named
-    with a count) up to :data:`FULL_CHECK_MAX` images, of an evenly spaced sample of headers above. Recorded with
-    the index's file list, so a resume or another rank reads no image for them."""
+def _headers(index: FolderIndex, where: Path) -> tuple[Counter, Counter]:
+    """The PIL modes and sizes of the folder's images, with how many images have each: of every image (each read
+    whole, the unreadable ones named with a count) up to :data:`FULL_CHECK_MAX` images, of an evenly spaced sample
+    of headers above. Recorded with the index's file list, so a resume or another rank reads no image for them."""
     facts = index.cache.facts.get("headers") if index.cache else None
-    if not valid_headers(facts):
+    if not valid_headers(facts) or not _valid_counts(facts.get("size_counts")):
         everything = len(index) <= FULL_CHECK_MAX
         rows = range(len(index)) if everything else sample_indices(len(index), SIZE_SAMPLE)
         modes, sizes = check_images((index.path(i) for i in rows), where, verify=everything)
-        facts = {"modes": dict(modes), "sizes": sorted(sizes), "read": len(rows)}
+        counts = [[h, w, n] for (h, w), n in sorted(sizes.items())]
+        facts = {"modes": dict(modes), "sizes": sorted(sizes), "size_counts": counts, "read": len(rows)}
         if index.cache:
             index.cache.add_facts(headers=facts)
-    return Counter(facts["modes"]), {(int(h), int(w)) for h, w in facts["sizes"]}
+    return Counter(facts["modes"]), Counter({(int(h), int(w)): int(n) for h, w, n in facts["size_counts"]})
+
+
+def _valid_counts(counts) -> bool:
+    return isinstance(counts, list) and all(isinstance(c, list) and len(c) == 3 for c in counts)
+
+
+def short_sides(sizes: Counter) -> dict[int, int]:
+    """How many images have each shorter side (``defaults.looks_like_photos`` takes the median image's)."""
+    sides: Counter = Counter()
+    for (h, w), n in sizes.items():
+        sides[min(h, w)] += n
+    return dict(sides)
 
 
 def _stats(dataset: FileImageDataset, what: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -362,7 +375,7 @@ def build_imagefolder(cfg: DataConfig, path: str) -> DataSplits:
     mean, std = _stats(train_ds, what)
     info = DatasetInfo(f"imagefolder:{path}", len(class_names), channels, size, class_names, mean, std)
     extra = {"source": str(root), "augment": augment, "split": "folders" if split_layout else "stratified"}
-    extra["short_sides"] = sorted(min(h, w) for h, w in sizes)  # of the distinct sizes: photos? (defaults.py)
+    extra["short_sides"] = short_sides(sizes)  # photos? (defaults.looks_like_photos)
     extra["index_digest"] = f"{train_index.digest()}-{test_index.digest()}"  # build.py: the same on every rank
     extra["identity"] = folder_identity(root, train_index, test_index if split_layout else None)
     extra["notes"] = (  # printed once by the run (plan_warnings.warn_about_run)

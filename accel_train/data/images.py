@@ -109,11 +109,11 @@ def check_image_files(directories: Iterable[Path], extensions: Iterable[str], wh
     return check_images(paths, where)[0]
 
 
-def check_images(paths: Iterable[Path], where: Path, verify: bool = True) -> tuple[Counter, set[tuple[int, int]]]:
+def check_images(paths: Iterable[Path], where: Path, verify: bool = True) -> tuple[Counter, Counter]:
     """Open each image once (``verify``: read it whole); the unreadable ones are one UserError naming them with a
-    count. Returns how many images there are of each PIL mode, and the (height, width) sizes found."""
+    count. Returns how many images there are of each PIL mode, and of each (height, width) size."""
     modes: Counter = Counter()
-    sizes: set[tuple[int, int]] = set()
+    sizes: Counter = Counter()
     bad: list[str] = []
     total = 0
     for path in paths:
@@ -121,7 +121,7 @@ def check_images(paths: Iterable[Path], where: Path, verify: bool = True) -> tup
         mode, size, why = _problem(path, verify)
         if why is None:
             modes[mode] += 1
-            sizes.add(size)
+            sizes[size] += 1
         else:
             bad.append(f"{path.relative_to(where) if path.is_relative_to(where) else path} ({why})")
     if bad:

@@ -81,6 +81,22 @@ def keep_statistics(model: nn.Module) -> list[str]:
     return kept
 
 
+def keep_statistics_said(model: nn.Module, name: str, untrained: bool) -> tuple[str, str | None]:
+    """:func:`keep_statistics` on ``model`` (``name``); its line, and a warning where it changes nothing: no
+    BatchNorm layer, or ``untrained`` (a fresh model, no weights loaded: its statistics are the initial mean 0 and
+    variance 1, and its BatchNorm would normalise nothing)."""
+    kept = len(keep_statistics(model))
+    said = f"--bn-stats loaded: {kept} BatchNorm layers on their statistics"
+    if not kept:
+        return said, f"--bn-stats loaded: {name} has no BatchNorm layer; the flag changes nothing"
+    if untrained:
+        return said, (
+            f"--bn-stats loaded without --pretrained: {name}'s BatchNorm keeps its initial statistics "
+            "(mean 0, variance 1) and normalises nothing; pass --pretrained, or leave --bn-stats batch"
+        )
+    return said, None
+
+
 def head_lr_scales(model: nn.Module, head: tuple[str, ...], lr: float, head_lr: float) -> dict[str, float]:
     """``{parameter name: head_lr / lr}`` for the head's parameters (``optim.param_groups`` reads it)."""
     params = {n for n, _ in model.named_parameters()}

@@ -65,7 +65,8 @@ def check_spec(model: str, spec: str, file_needed: bool = True) -> None:
     ``file_needed``: a weights file must exist (a fresh run reads it; a resume reads its checkpoint instead)."""
     if not model.startswith(tv.PREFIX):
         raise UserError(
-            f"--pretrained works with torchvision models (--model tv:NAME), not {model!r}; for your own model, "
+            f"--pretrained works with torchvision models: pass --model tv:NAME with it, not {model!r} (without "
+            "--model, a folder of photos fine-tunes tv:resnet18's ImageNet weights by itself); for your own model, "
             "load its weights in your code before accel_train.train(model, ...)"
         )
     if is_file_spec(spec):
@@ -97,16 +98,22 @@ def cache_path(weights) -> Path:
 
 
 def _enum_state_dict(weights) -> dict[str, torch.Tensor]:
+    """torchvision's weights, tensors only (``weights_only``: a file in a shared cache never runs code; torch.hub's
+    default would unpickle anything), downloaded with their hash checked when the cache lacks them."""
     path = cache_path(weights)
     try:
-        return weights.get_state_dict(progress=False, check_hash=True)
-    except (OSError, RuntimeError, ValueError) as exc:  # URLError is an OSError; a damaged file a RuntimeError
-        why = " ".join(str(exc).split())[:120]
+        state = weights.get_state_dict(progress=False, check_hash=True, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a failed download, a cut, empty, foreign or code-carrying file
+        why = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:120]
         raise UserError(
             f"--pretrained {weights}: {path} is missing or unreadable and the download failed ({why}); download "
             f"{weights.url} on a machine with network and copy it to {path} (TORCH_HOME sets the folder), or pass "
             "--pretrained PATH"
         ) from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UserError(f"--pretrained {weights}: {path} holds a {type(state).__name__}, not a state dict of "
+                        f"tensors; delete it, and download {weights.url} to {path} again")  # fmt: skip
+    return state
 
 
 def fetch_default_weights(model: str, download: bool = True, timeout_s: float = 30.0) -> tuple[Path | None, str]:
@@ -117,19 +124,28 @@ def fetch_default_weights(model: str, download: bool = True, timeout_s: float = 
 
     weights = _weights_enum(model.removeprefix(tv.PREFIX), DEFAULT)
     path = cache_path(weights)
-    if path.is_file():
-        return path, ""
+    try:
+        if path.is_file():
+            return path, ""
+    except OSError as exc:  # a cache folder of another user's (mode 700)
+        return None, f"{path} cannot be read ({exc.strerror})"
     if not download:
         return None, f"{path} is missing and downloads are off"
     before = socket.getdefaulttimeout()
     socket.setdefaulttimeout(timeout_s)
     try:
-        weights.get_state_dict(progress=False, check_hash=True)
-    except (OSError, RuntimeError, ValueError) as exc:  # URLError is an OSError; a damaged download a RuntimeError
+        weights.get_state_dict(progress=False, check_hash=True, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - URLError is an OSError; a damaged download a RuntimeError
         return None, f"{path} is missing and {weights.url} cannot be downloaded ({' '.join(str(exc).split())[:80]})"
     finally:
         socket.setdefaulttimeout(before)
     return (path, "") if path.is_file() else (None, f"{path} is missing after its download")
+
+
+def is_torchvisions(path: Path) -> bool:
+    """Whether the file in torchvision's cache has torchvision's hash (its name carries the first hex digits)."""
+    expected = re.search(r"-([a-f0-9]+)\.", Path(path).name)
+    return bool(expected) and _sha256(Path(path)).startswith(expected.group(1))
 
 
 def weights_url(model: str) -> tuple[str, Path]:
@@ -240,6 +256,13 @@ def load_pretrained(
                 f"--pretrained {info.source}: tensor {key} is {shown}; the weights do not fit this architecture "
                 "(pass weights of the same tv: model)"
             )
+    foreign = [key for key in source if key not in target and not key.endswith("num_batches_tracked")]
+    if foreign:  # resnet34's weights hold every tensor of resnet18's, and more
+        raise UserError(
+            f"--pretrained {info.source}: the weights hold {len(foreign)} tensor(s) this architecture has not "
+            f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}): they are another architecture's; pass "
+            "weights of the same tv: model"
+        )
     model.load_state_dict({**target, **loaded})
     if fresh:
         notes.append(f"new head for the data's classes: {', '.join(fresh)}")

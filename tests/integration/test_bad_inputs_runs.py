@@ -384,8 +384,8 @@ EXPORT_CASES = [
         "model-unknown",
         {"model": "vit"},
         [
-            "model must be one of airbench, lenet, mnist_cnn, resnet18, small_cnn, tv_resnet18, tv:NAME or "
-            "package.module:callable, got 'vit'"
+            "model must be one of airbench, lenet, mnist_cnn, resnet18, small_cnn, small_cnn_gn, tv_resnet18, "
+            "tv:NAME or package.module:callable, got 'vit'"
         ],
     ),
 ]

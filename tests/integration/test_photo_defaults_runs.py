@@ -107,3 +107,23 @@ def test_the_switch_off_skips_the_download_and_the_user_s_flags_win(tmp_path, to
     assert len(said) == 1 and "ACCEL_TRAIN_OFFLINE is set" in said[0], proc.stdout
     proc = check(run_here("train.py", *args, "--model", "small_cnn_gn", "--output-dir", str(tmp_path / "b")))
     assert PHOTO_LINE not in proc.stdout and "defaults for your data" not in proc.stdout
+
+
+def test_a_resume_records_the_weights_the_run_started_from_not_the_cache_s_file_now(tmp_path, torch_home):
+    """The red-team's finding: a resume after the cached file was replaced wrote the new file's hash into the
+    export's config.json. The weights the run started from are its first attempt's."""
+    import torch
+    import torchvision.models as tvm
+
+    sha = _place_weights(torch_home)
+    folder, out = _photo_folder(tmp_path / "photos"), tmp_path / "run"
+    args = ["train.py", "--dataset", f"imagefolder:{folder}", "--max-steps", "2", "--batch-size", "4",
+            "--output-dir", str(out), *FAST]  # fmt: skip
+    check(run_here(*args, "--stop-at-step", "1"))
+    from accel_train.models.pretrained import cache_path
+
+    torch.manual_seed(1)
+    torch.save(tvm.resnet18(num_classes=1000).state_dict(), cache_path(tvm.ResNet18_Weights.DEFAULT))  # another
+    check(run_here(*args, "--resume", "auto"))
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert config["pretrained_sha256"] == sha and summary(out)["global_step"] == 2

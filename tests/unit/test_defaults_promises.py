@@ -20,15 +20,16 @@ from accel_train.sync_bn import split_batch_warning
 @pytest.mark.parametrize(
     "channels, sides, photos",
     [
-        (3, [375, 500, 333], True),  # the tutorial's ants and bees
-        (3, [96], True),
-        (3, [95], False),  # below the rule's side
-        (3, [64], False),  # the shapes folder
-        (3, [32], False),  # CIFAR
-        (1, [28], False),  # MNIST
-        (1, [512, 640], False),  # grey photos: ImageNet's weights see colour
-        (3, [], False),
-        (3, [28, 28, 300], False),  # the median: mostly small images
+        (3, {375: 100, 500: 80, 333: 65}, True),  # the tutorial's ants and bees
+        (3, {96: 1}, True),
+        (3, {95: 4}, False),  # below the rule's side
+        (3, {64: 120}, False),  # the shapes folder
+        (3, {32: 50000}, False),  # CIFAR
+        (1, {28: 10000}, False),  # MNIST
+        (1, {512: 10, 640: 3}, False),  # grey photos: ImageNet's weights see colour
+        (3, {}, False),
+        (3, {32: 72, 300: 1, 400: 1}, False),  # icons with two stray photos: the median image is an icon
+        (3, {300: 16, 32: 1, 40: 1, 48: 1}, True),  # photos with three thumbnails: the median image is a photo
     ],
 )
 def test_which_images_are_photos(channels, sides, photos):
@@ -146,3 +147,101 @@ def test_randomness_not_keyed_on_the_sample_gets_one_line_on_several_processes()
     rt1.warn = said.append
     warn_parity_breakers(model, rt1, 32, "mine", sync_bn=False)
     assert said == []
+
+
+class _Evil:
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {os.environ['EVIL_MARK']}",))
+
+
+@pytest.mark.parametrize("content", ["evil", "empty", "tensor"])
+def test_a_cached_weights_file_is_read_as_tensors_only_and_a_bad_one_is_one_line(tmp_path, monkeypatch, content):
+    """A default photo run reads torchvision's cache without any flag: a file there must never run code (torch.hub
+    would unpickle it), and an empty or foreign one is one line naming it, not a traceback."""
+    import torchvision.models as tvm
+    from checks import raises_user_error
+
+    from accel_train.models import pretrained
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("EVIL_MARK", str(tmp_path / "ran"))
+    weights = tvm.ResNet18_Weights.DEFAULT
+    path = pretrained.cache_path(weights)
+    path.parent.mkdir(parents=True)
+    if content == "evil":
+        torch.save({"conv1.weight": _Evil()}, path)
+    elif content == "empty":
+        path.write_bytes(b"")
+    else:
+        torch.save(torch.zeros(3), path)
+    raises_user_error(lambda: pretrained._enum_state_dict(weights), str(path))
+    assert not (tmp_path / "ran").exists()
+
+
+def test_weights_of_a_larger_architecture_under_the_name_are_refused():
+    """resnet34 holds every tensor of resnet18 with the same shape, and more: not resnet18's weights."""
+    import torchvision.models as tvm
+    from checks import raises_user_error
+
+    from accel_train.models import pretrained
+
+    model = create_model("tv:resnet18", num_classes=3, in_channels=3, image_size=32)
+    info = pretrained.describe("tv:resnet18", "DEFAULT", 3, 32, 3)
+    source = tvm.resnet34().state_dict()
+    raises_user_error(lambda: pretrained.load_pretrained(model, "tv:resnet18", "x.pth", info, source),
+                      "another architecture's")  # fmt: skip
+    pretrained.load_pretrained(model, "tv:resnet18", "x.pth", info, tvm.resnet18().state_dict())  # its own: loads
+
+
+def test_short_sides_count_every_image():
+    from collections import Counter
+
+    from accel_train.data.folder import short_sides
+
+    assert short_sides(Counter({(300, 400): 16, (400, 300): 2, (32, 32): 1})) == {300: 18, 32: 1}
+
+
+def test_the_photo_recipe_s_lr_follows_its_optimizer_and_the_batch():
+    """The red-team's finding: --optimizer adam kept the SGD recipe's lr 0.008; --batch-size 4 kept lr 0.008."""
+    picked = defaults.choose("imagefolder:x", {"optimizer"})
+    assert picked.for_photos({"optimizer"}, "photos").lr is None  # the user's optimizer: its own lr
+    picked = defaults.choose("imagefolder:x", {"batch_size"})
+    assert picked.for_photos({"batch_size"}, "photos", batch=4).lr == pytest.approx(0.001)  # the tutorial's
+    assert picked.for_photos(set(), "photos").lr == pytest.approx(0.008)
+
+
+def test_bn_stats_loaded_says_when_it_changes_nothing():
+    from accel_train.features.finetune import keep_statistics_said
+
+    said, warning = keep_statistics_said(create_model("small_cnn", 3, 3, 32), "small_cnn", untrained=True)
+    assert said.endswith("3 BatchNorm layers on their statistics") and "normalises nothing" in warning
+    assert keep_statistics_said(create_model("small_cnn", 3, 3, 32), "small_cnn", untrained=False)[1] is None
+    assert "no BatchNorm layer" in keep_statistics_said(create_model(defaults.MODEL, 3, 3, 32), "x", False)[1]
+
+
+@pytest.mark.parametrize("value, offline", [("1", True), ("yes", True), ("0", False), ("false", False), ("", False)])
+def test_the_offline_switch_reads_as_people_write_it(monkeypatch, tmp_path, value, offline):
+    from accel_train import photo_defaults
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    monkeypatch.setenv("ACCEL_TRAIN_OFFLINE", value)
+    seen = {}
+    monkeypatch.setattr("accel_train.models.pretrained.fetch_default_weights",
+                        lambda model, download=True: (seen.update(download=download), (None, "x"))[1])  # fmt: skip
+    photo_defaults._weights_here()
+    assert seen["download"] is (not offline)
+
+
+def test_a_cached_file_with_another_hash_is_not_called_torchvision_s(tmp_path):
+    from accel_train.models.pretrained import is_torchvisions
+
+    path = tmp_path / "resnet18-f37072fd.pth"
+    path.write_bytes(b"not the weights")
+    assert not is_torchvisions(path)
+    import hashlib
+
+    good = tmp_path / f"x-{hashlib.sha256(b'abc').hexdigest()[:8]}.pth"
+    good.write_bytes(b"abc")
+    assert is_torchvisions(good)
