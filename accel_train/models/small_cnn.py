@@ -10,10 +10,12 @@ images on three classes). This network sees the image as a bag of local features
 * a global max-pool: a feature counts wherever it fires, so the class does not depend on the position;
 * one linear layer.
 
-``small_cnn_gn`` normalises with GroupNorm over each image's whole map (one group): no statistic of the batch, so
-1 process x 32 and 2 x 16 compute the same thing (the README's promise) and ``--bitwise`` takes it. ``small_cnn``
-is the same network with BatchNorm (the default before issue 50; its checkpoints still load as they were). Their
-accuracies on the shapes folders of ``benchmarks/shapes.py``: docs/performance.md. A pure module: layer sizes
+``small_cnn_gn`` standardises its filters (weight standardisation) and normalises with GroupNorm over each image's
+whole map (one group): no statistic of the batch, so 1 process x 32 and 2 x 16 compute the same thing (the
+README's promise) and ``--bitwise`` takes it; on the shapes folders it is more accurate than BatchNorm was.
+``small_cnn`` is the same network with BatchNorm and plain convolutions (the default before issue 50; its
+checkpoints still load as they were). Their accuracies on the shapes folders of ``benchmarks/shapes.py``:
+docs/performance.md. A pure module: layer sizes
 from the constructor's arguments, no device or config logic.
 """
 
@@ -28,6 +30,17 @@ SMALLEST_MAP = 8  # pool while the feature map is larger than this
 GROUPS = 1  # GroupNorm's groups (1: each image's whole map; 4 and 8 were less accurate on the shapes folders)
 
 
+class StandardizedConv2d(nn.Conv2d):
+    """A convolution whose filters are standardised (zero mean, unit deviation each) at every forward: weight
+    standardisation (Qiao et al., 2019), which with GroupNorm trains as well as BatchNorm does without any
+    statistic of the batch. Its parameters and ``state_dict`` keys are ``nn.Conv2d``'s."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        w = (w - w.mean(dim=(1, 2, 3), keepdim=True)) / (w.std(dim=(1, 2, 3), keepdim=True) + 1e-5)
+        return self._conv_forward(x, w, self.bias)
+
+
 def _norm(kind: str, channels: int) -> nn.Module:
     if kind == "batch":
         return nn.BatchNorm2d(channels)
@@ -35,8 +48,9 @@ def _norm(kind: str, channels: int) -> nn.Module:
 
 
 def _conv(in_channels: int, out_channels: int, stride: int = 1, norm: str = "group") -> nn.Sequential:
+    conv = nn.Conv2d if norm == "batch" else StandardizedConv2d
     return nn.Sequential(
-        nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False),
+        conv(in_channels, out_channels, 3, stride=stride, padding=1, bias=False),
         _norm(norm, out_channels),
         nn.ReLU(inplace=True),
     )
