@@ -15,6 +15,7 @@ or to reproduce another machine's choice). Without ``/proc/stat`` (macOS) nothin
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import NamedTuple
@@ -99,7 +100,7 @@ def busy_cores(probe_s: float = PROBE_S) -> float | None:
             value = float(given)
         except ValueError:
             value = -1.0
-        if not value >= 0.0:
+        if not (value >= 0.0 and math.isfinite(value)):
             raise UserError(f"{BUSY_ENV}={given!r}: give the number of busy cores (0 or more), or unset it")
         return value
     now = sample()

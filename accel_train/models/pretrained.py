@@ -104,7 +104,12 @@ def _enum_state_dict(weights) -> dict[str, torch.Tensor]:
     try:
         state = weights.get_state_dict(progress=False, check_hash=True, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - a failed download, a cut, empty, foreign or code-carrying file
-        why = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:120]
+        why = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:160]
+        if path.is_file():  # there, and refused: no download was tried
+            raise UserError(
+                f"--pretrained {weights}: {path} cannot be read as weights ({why}...); delete it, then download "
+                f"{weights.url} to {path} again (or let the run download it)"
+            ) from None
         raise UserError(
             f"--pretrained {weights}: {path} is missing or unreadable and the download failed ({why}); download "
             f"{weights.url} on a machine with network and copy it to {path} (TORCH_HOME sets the folder), or pass "
@@ -239,6 +244,12 @@ def load_pretrained(
     """
     arch = name.removeprefix(tv.PREFIX)
     source = from_file if from_file is not None else _enum_state_dict(_weights_enum(arch, spec))
+    odd = [str(k) for k, v in source.items() if not isinstance(k, str) or not _plain(v)]
+    if odd:  # a key that is not a name; a tensor on the meta device, sparse or complex: no weights to train from
+        raise UserError(
+            f"--pretrained {info.source}: {len(odd)} entr(ies) are not named real tensors with values "
+            f"({', '.join(odd[:3])}): the file is damaged or not a weights file; download or export it again"
+        )
     target = model.state_dict()
     loaded, fresh, notes = {}, [], []
     for key, value in target.items():
@@ -267,6 +278,15 @@ def load_pretrained(
     if fresh:
         notes.append(f"new head for the data's classes: {', '.join(fresh)}")
     return notes
+
+
+def _plain(value) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and not value.is_meta
+        and value.layout == torch.strided
+        and not (value.is_complex())
+    )
 
 
 def _is_first_conv(key: str, got: torch.Tensor, want: torch.Tensor) -> bool:

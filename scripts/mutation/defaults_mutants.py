@@ -72,6 +72,12 @@ DEFAULTS_MUTANTS: tuple[Mutant, ...] = (
     # the SGD recipe's lr kept for the user's --optimizer adam
     _m("photo-lr-for-another-optimizer", P, "defaults.py", '            recipe.pop("lr", None)\n', "            pass\n",
        f"{T_PROMISES}::test_the_photo_recipe_s_lr_follows_its_optimizer_and_the_batch"),
+    # meta, sparse or complex tensors, or keys that are not names: a traceback, or complex weights cast to real
+    _m("odd-weights-accepted", P, "models/pretrained.py", "    if odd:  # a key that is not a name", "    if False:  #",
+       f"{T_PROMISES}::test_weights_that_are_not_named_real_tensors_are_one_line"),
+    # ACCEL_TRAIN_BUSY_CORES=inf: an OverflowError's traceback in every run
+    _m("busy-cores-infinite", "threads beside other work", "cpu_load.py", "value >= 0.0 and math.isfinite(value)",
+       "value >= 0.0", "tests/unit/test_cpu_load.py"),
     # --bitwise evaluation on a short last batch: eval_loss differs on CPUs whose kernels round by the batch size
     _m("bitwise-eval-short-batch", "parity", "evaluation.py", "            if 0 < real < full:  # repeats",
        "            if False:  # repeats",

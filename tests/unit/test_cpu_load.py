@@ -94,7 +94,7 @@ def test_the_busy_cores_variable_replaces_the_measurement(monkeypatch):
     monkeypatch.setattr(cpu_load, "sample", lambda cpus=None: pytest.fail("measured despite the variable"))
     monkeypatch.setenv(cpu_load.BUSY_ENV, "1.5")
     assert busy_cores() == 1.5
-    for bad in ("x", "-1", "nan"):
+    for bad in ("x", "-1", "nan", "inf", "1e400"):
         monkeypatch.setenv(cpu_load.BUSY_ENV, bad)
         with pytest.raises(UserError, match=f"{cpu_load.BUSY_ENV}="):
             busy_cores()

@@ -245,3 +245,24 @@ def test_a_cached_file_with_another_hash_is_not_called_torchvision_s(tmp_path):
     good = tmp_path / f"x-{hashlib.sha256(b'abc').hexdigest()[:8]}.pth"
     good.write_bytes(b"abc")
     assert is_torchvisions(good)
+
+
+@pytest.mark.parametrize("odd", ["meta", "complex", "int-key"])
+def test_weights_that_are_not_named_real_tensors_are_one_line(odd):
+    """The second red-team's finds: meta tensors and non-name keys gave tracebacks, complex ones trained."""
+    import torchvision.models as tvm
+    from checks import raises_user_error
+
+    from accel_train.models import pretrained
+
+    model = create_model("tv:resnet18", num_classes=3, in_channels=3, image_size=32)
+    info = pretrained.describe("tv:resnet18", "DEFAULT", 3, 32, 3)
+    source = tvm.resnet18().state_dict()
+    if odd == "meta":
+        source = {k: v.to("meta") for k, v in source.items()}
+    elif odd == "complex":
+        source["conv1.weight"] = source["conv1.weight"].to(torch.complex64)
+    else:
+        source[0] = torch.zeros(1)
+    raises_user_error(lambda: pretrained.load_pretrained(model, "tv:resnet18", "x.pth", info, source),
+                      "not named real tensors")  # fmt: skip
