@@ -33,8 +33,12 @@ def refuse_unless_bitwise(acc, model: nn.Module, data_parallel: bool, micro_batc
         )
     if data_parallel or acc.distributed_type.value not in ("NO", "MULTI_CPU", "MULTI_GPU"):
         raise UserError(f"--bitwise needs one model per process (DDP or one process), not {acc.distributed_type.value}")
-    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._NormBase) or "BatchNorm" in str(type(m))]
-    norms = [type(m).__name__ for m in norms if m.training]  # --bn-stats loaded: in eval mode, each image alone
+    norms = [
+        type(m).__name__
+        for m in model.modules()
+        if (isinstance(m, nn.modules.batchnorm._NormBase) or "BatchNorm" in type(m).__name__)
+        and m.training  # --bn-stats loaded: in eval mode, each image alone
+    ]
     if norms:
         raise UserError(
             f"--bitwise cannot train a BatchNorm model ({norms[0]}) on batch statistics: a micro-batch's (and "

@@ -255,10 +255,12 @@ def _data(cfg: TrainConfig, rt: Runtime, picked: Defaults, given: DataSplits | N
     with rt.accelerator.main_process_first():
         splits = given or build_dataset(cfg.data_config())
     check_same_data(rt.accelerator, splits)  # before the photos' collective: ranks on other data leave here
-    if given is None:
-        read = splits
-        cfg, picked, splits = choose_for_photos(cfg, rt, splits, picked, lambda c: build_dataset(c.data_config()))
-        if splits is not read:  # read again at the weights' size
+    photos = choose_for_photos(cfg, rt, splits, picked) if given is None else picked
+    if photos is not picked:
+        cfg, picked, before = _replaced(cfg, **photos.settings()), photos, cfg
+        if cfg.image_size != before.image_size:  # read again at the weights' size
+            with rt.accelerator.main_process_first():
+                splits = build_dataset(cfg.data_config())
             check_same_data(rt.accelerator, splits)
     return cfg, picked, splits
 

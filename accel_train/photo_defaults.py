@@ -1,17 +1,17 @@
 """The defaults for a folder of photos: fine-tune ImageNet weights when they are at hand (``defaults.py``).
 
 ``build.py`` chooses the defaults before the data is read (``defaults.choose``); once the folder is listed,
-:func:`choose_for_photos` looks at its images. Colour images of 96 pixels a side or more (``looks_like_photos``)
-fine-tune ``tv:resnet18`` from torchvision's ImageNet weights when they are in torchvision's cache
-(``$TORCH_HOME/hub/checkpoints/``) or can be downloaded there now, with the recipe of ``defaults.PHOTO_RECIPE``;
-the folder is then read again at the weights' 224 pixels. Without the weights (offline, nothing in the cache, or
-``ACCEL_TRAIN_OFFLINE=1``) the run trains the from-scratch default and says in one line what the weights would
-bring and where to put them. Process 0 decides (and downloads); every process trains what it decided.
+:func:`choose_for_photos` looks at its images. Colour images whose median image is 96 pixels a side or more
+(``looks_like_photos``) fine-tune ``tv:resnet18`` from torchvision's ImageNet weights when they are in
+torchvision's cache (``$TORCH_HOME/hub/checkpoints/``) or can be downloaded there now, with the recipe of
+``defaults.PHOTO_RECIPE``; ``build.py`` applies it and reads the folder again at the weights' 224 pixels. Without
+the weights (offline, nothing in the cache, or ``ACCEL_TRAIN_OFFLINE=1``) the run trains the from-scratch default
+and says in one line what the weights would bring and where to put them. Process 0 decides (and downloads); every
+process trains what it decided.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable
 
@@ -29,16 +29,15 @@ BRINGS = (
 OFFLINE_ENV = "ACCEL_TRAIN_OFFLINE"
 
 
-def choose_for_photos(
-    cfg: TrainConfig, rt: Runtime, splits: DataSplits, picked: Defaults, rebuild: Callable[[TrainConfig], DataSplits]
-) -> tuple[TrainConfig, Defaults, DataSplits]:
-    """``(cfg, picked, splits)`` for photos (the module docstring); as they are for anything else, for a run
-    whose model the user picked, and for a resume (``picked`` empty: it restores what its first attempt chose)."""
+def choose_for_photos(cfg: TrainConfig, rt: Runtime, splits: DataSplits, picked: Defaults) -> Defaults:
+    """``picked`` with the photo recipe (``Defaults.for_photos``) for a folder of photos whose weights are at hand
+    (the module docstring); ``picked`` itself for anything else, for a run whose model the user picked, and for a
+    resume (``picked`` empty: it restores what its first attempt chose). ``build.py`` applies it."""
     if not picked or picked.model != MODEL or not cfg.dataset.startswith("imagefolder:"):
-        return cfg, picked, splits
+        return picked
     what = looks_like_photos(splits.info.in_channels, splits.extra.get("short_sides") or {})
     if not what:
-        return cfg, picked, splits
+        return picked
     path, why = _agreed(rt, _weights_here)
     if path is None:
         url, where = _where()
@@ -47,15 +46,10 @@ def choose_for_photos(
             f"but {why}; training {MODEL} from scratch. To fine-tune: download {url} to {where} (TORCH_HOME sets "
             "the folder) and run again"
         )
-        return cfg, picked, splits
+        return picked
     batch = cfg.global_batch_size or cfg.batch_size
-    picked = picked.for_photos(getattr(cfg, "given", None), f"they look like photos ({what}); ImageNet weights "
-                               f"at hand: {path}{why}", batch)  # fmt: skip
-    new = dataclasses.replace(cfg, **picked.settings()).validate(given=getattr(cfg, "given", None))
-    if new.image_size != cfg.image_size:
-        with rt.accelerator.main_process_first():  # the cache's facts: written once
-            splits = rebuild(new)
-    return new, picked, splits
+    return picked.for_photos(getattr(cfg, "given", None), f"they look like photos ({what}); ImageNet weights "
+                             f"at hand: {path}{why}", batch)  # fmt: skip
 
 
 def _weights_here() -> tuple:

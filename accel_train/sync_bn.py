@@ -280,11 +280,12 @@ def unkeyed_randomness(model: nn.Module) -> list[str]:
     """Random layers whose draws are not keyed on the sample (every ``nn.Dropout`` was swapped for a keyed one,
     ``features/dropout.py``): Dropout1d/2d/3d, alpha dropout, torchvision's stochastic depth. Each process draws
     them from its own generator."""
-    kinds = (nn.modules.dropout._DropoutNd,)
-    found = {type(m).__name__ for m in model.modules() if isinstance(m, kinds) or type(m).__name__ == "StochasticDepth"}
-    return sorted(
-        name for name in found if any(getattr(m, "p", 0) for m in model.modules() if type(m).__name__ == name)
+    random = (
+        m
+        for m in model.modules()
+        if isinstance(m, nn.modules.dropout._DropoutNd) or type(m).__name__ == "StochasticDepth"
     )
+    return sorted({type(m).__name__ for m in random if getattr(m, "p", 0)})
 
 
 def warn_parity_breakers(model: nn.Module, rt: Runtime, micro_batch: int, name: str, sync_bn: bool) -> None:

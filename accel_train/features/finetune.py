@@ -50,6 +50,11 @@ def _stay_in_eval(self: nn.Module, mode: bool = True) -> nn.Module:
     return nn.Module.train(self, False)
 
 
+def _keep_in_eval(module: nn.Module) -> None:
+    module.train = types.MethodType(_stay_in_eval, module)  # model.train() leaves it in eval mode
+    module.eval()
+
+
 def freeze(model: nn.Module, names: list[str]) -> list[str]:
     """Freeze ``names`` in ``model`` (before it is wrapped); returns the BatchNorm layers kept in eval mode."""
     chosen = set(names)
@@ -60,8 +65,7 @@ def freeze(model: nn.Module, names: list[str]) -> list[str]:
     for name, module in model.named_modules():
         params = list(module.parameters(recurse=False))
         if isinstance(module, _BatchNorm) and params and not any(p.requires_grad for p in params):
-            module.train = types.MethodType(_stay_in_eval, module)  # model.train() leaves it in eval mode
-            module.eval()
+            _keep_in_eval(module)
             kept.append(name)
     return kept
 
@@ -75,8 +79,7 @@ def keep_statistics(model: nn.Module) -> list[str]:
     kept = []
     for name, module in model.named_modules():
         if isinstance(module, _BatchNorm) and module.running_mean is not None:
-            module.train = types.MethodType(_stay_in_eval, module)  # model.train() leaves it in eval mode
-            module.eval()
+            _keep_in_eval(module)
             kept.append(name)
     return kept
 

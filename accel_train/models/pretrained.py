@@ -149,8 +149,14 @@ def fetch_default_weights(model: str, download: bool = True, timeout_s: float = 
 
 def is_torchvisions(path: Path) -> bool:
     """Whether the file in torchvision's cache has torchvision's hash (its name carries the first hex digits)."""
-    expected = re.search(r"-([a-f0-9]+)\.", Path(path).name)
-    return bool(expected) and _sha256(Path(path)).startswith(expected.group(1))
+    named = _named_hash(Path(path))
+    return named is not None and _sha256(Path(path)).startswith(named)
+
+
+def _named_hash(path: Path) -> str | None:
+    """The first hex digits of its sha256 that a torchvision weights file's name carries (``resnet18-f37072fd``)."""
+    found = re.search(r"-([a-f0-9]+)\.", path.name)
+    return found.group(1) if found else None
 
 
 def weights_url(model: str) -> tuple[str, Path]:
@@ -205,14 +211,21 @@ def _provenance(spec: str, weights, source: str) -> tuple[str | None, str | None
     path = Path(spec) if is_file_spec(spec) else cache_path(weights)
     if not path.is_file():
         return None, None, source  # a resume after the file moved; or torchvision downloads it, hash checked
-    sha256 = _sha256(path)
-    expected = re.search(r"-([a-f0-9]+)\.", path.name)
-    if not is_file_spec(spec) and expected and not sha256.startswith(expected.group(1)):
+    sha256, named = _sha256(path), _named_hash(path)
+    if not is_file_spec(spec) and named and not sha256.startswith(named):
         source = f"{path} (a file under the name of {source}'s, but not torchvision's: its sha256 differs)"
     return str(path), sha256, source
 
 
 def _sha256(path: Path) -> str:
+    """The file's sha256, read once a process while the file stays as it was (the photo defaults and
+    :func:`describe` both ask for it)."""
+    st = path.stat()
+    return _sha256_of(str(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+@functools.lru_cache(maxsize=8)
+def _sha256_of(path: str, *stamp: int) -> str:
     import hashlib
 
     digest = hashlib.sha256()

@@ -19,7 +19,7 @@ DEFAULTS_MUTANTS: tuple[Mutant, ...] = (
        f"{T_PROMISES}::test_bn_stats_loaded_normalises_each_image_alone_and_stays_so_after_train"),
     # --bitwise refusing BatchNorm on its loaded statistics (or worse: taking it on batch statistics)
     _m("bitwise-ignores-the-mode", P, "bitwise.py",
-       "    norms = [type(m).__name__ for m in norms if m.training]", "    norms = [type(m).__name__ for m in norms]",
+       "        and m.training  # --bn-stats loaded", "        and True  # --bn-stats loaded",
        f"{T_PROMISES}::test_bitwise_takes_batchnorm_on_its_loaded_statistics_and_refuses_it_on_batch_statistics"),
     # a BatchNorm model on 2 processes without a word
     _m("split-batch-warning-never", P, "sync_bn.py",
@@ -48,8 +48,8 @@ DEFAULTS_MUTANTS: tuple[Mutant, ...] = (
     _m("photo-weights-unrecorded", P, "build.py", '        resolved["defaults"].update(pre.record())', "        pass",
        f"{T_PHOTOS}::test_photos_with_weights_in_the_cache_fine_tune_them_and_record_their_hash"),
     # fine-tuning at the folder's 64 pixels instead of the weights' 224
-    _m("photos-not-read-again-at-224", P, "photo_defaults.py",
-       "    if new.image_size != cfg.image_size:\n", "    if False:\n",
+    _m("photos-not-read-again-at-224", P, "build.py",
+       "        if cfg.image_size != before.image_size:  # read again", "        if False:  # read again",
        f"{T_PHOTOS}::test_photos_with_weights_in_the_cache_fine_tune_them_and_record_their_hash"),
     # --bitwise's gradients in the contiguous layout of channels_last weights: fused Adam pairs them by memory
     _m("bitwise-grads-in-another-layout", P, "bitwise.py",
