@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,9 @@ from accel_train.data import folder
 from accel_train.data.base import DatasetInfo, DataSplits, TensorImageDataset
 from accel_train.errors import UserError
 from accel_train.flags import field_type, is_parsed_text
+from accel_train.tasks import GenericTask
+from accel_train.tasks.data import generic_splits, wants_generic
+from accel_train.tasks.scores import Scores
 
 DATASET_LABEL = "custom"  # cfg.dataset of a run on data given to train()
 IMAGE_KEYS = ("image", "img", "pixel_values")
@@ -57,6 +61,12 @@ def train(
     eval_dataset: Any = None,
     *,
     class_names: list[str] | None = None,
+    collate_fn: Callable | None = None,
+    loss_fn: Callable | None = None,
+    metrics: Any = None,
+    predict_fn: Callable | None = None,
+    monitor: str | None = None,
+    monitor_mode: str | None = None,
     **options: Any,
 ) -> dict[str, Any]:
     """Train ``model`` on ``train_dataset`` with accel_train's loop; returns the run summary.
@@ -65,12 +75,21 @@ def train(
     summary line once): print or save it on one, e.g. ``if os.environ.get("RANK", "0") == "0": print(summary)``.
 
     See the module docstring for what ``model`` and the datasets may be. ``class_names``: names of the
-    classes (default: the dataset's ``classes``, or its label feature's names, or the indices).
+    classes (default: the dataset's ``classes``, or its label feature's names, or the indices). The other
+    keywords take any model on any task (text, regression): see "Any task" in the module docstring.
     """
     values = _options(options)
+    task_options = dict(collate_fn=collate_fn, loss_fn=loss_fn, metrics=metrics, predict_fn=predict_fn,
+                        monitor=monitor, monitor_mode=monitor_mode)  # fmt: skip
+    generic = train_dataset is not None and _has_first(train_dataset) and wants_generic(train_dataset[0], task_options)
+    if train_dataset is None and any(v is not None for v in task_options.values()):
+        raise UserError(f"train() got {', '.join(k for k, v in task_options.items() if v is not None)} without "
+                        "train_dataset; they score your own datasets")  # fmt: skip
     model_instance = None
     if model is not None:
-        values["model"], model_instance = _model_spec(model)
+        values["model"], model_instance = _model_spec(model, built_here=generic)
+    elif generic:
+        raise UserError("train() on data that is not images with class labels needs your model: train(model, ...)")
     if train_dataset is None and eval_dataset is not None:
         raise UserError("train() got eval_dataset without train_dataset; pass both (or dataset='NAME')")
     if train_dataset is not None:
@@ -79,9 +98,14 @@ def train(
         _register_placeholder()
         values["dataset"] = DATASET_LABEL
     cfg = TrainConfig(**values).validate(given=values)  # what the caller set: a resume restores the rest
-    splits = None if train_dataset is None else _splits(train_dataset, eval_dataset, cfg, class_names)
     from accel_train.loop import fit  # heavy imports only once the options are known to be good
 
+    if generic:
+        splits, classification = generic_splits(train_dataset, eval_dataset, cfg, class_names, _held_out)
+        scores = Scores(metrics if metrics is not None else ["accuracy"] * classification, monitor, monitor_mode)
+        task = GenericTask(classification, scores, collate_fn, loss_fn, predict_fn, cfg.seed)
+        return fit(cfg, model=model_instance or _built(model, cfg.seed), splits=splits, task=task)
+    splits = None if train_dataset is None else _splits(train_dataset, eval_dataset, cfg, class_names)
     return fit(cfg, model=model_instance, splits=splits)
 
 
@@ -119,12 +143,31 @@ def _typed(name: str, value: Any, f: dataclasses.Field) -> Any:
     return value
 
 
-def _model_spec(model: Any) -> tuple[str, nn.Module | None]:
-    """(what ``cfg.model`` records, the instance to train or None when ``create_model`` builds it)."""
+def _has_first(data: Any) -> bool:
+    return hasattr(data, "__len__") and hasattr(data, "__getitem__") and len(data) > 0
+
+
+def _built(model: Any, seed: int) -> nn.Module:
+    """The generic task's model from a class or function called with no arguments, seeded (the same on every
+    process); its sizes are the caller's to choose (the loop knows no image shape to pass)."""
+    torch.manual_seed(seed)
+    built = model()
+    if not isinstance(built, nn.Module):
+        raise UserError(f"train() model {getattr(model, '__name__', model)!r} returned a {type(built).__name__}, "
+                        "not an nn.Module")  # fmt: skip
+    return built
+
+
+def _model_spec(model: Any, built_here: bool = False) -> tuple[str, nn.Module | None]:
+    """(what ``cfg.model`` records, the instance to train or None when ``create_model`` builds it, or
+    ``built_here``: the generic task's model, built by ``_built``)."""
     from accel_train.models import register_model
     from accel_train.models.user import instance_label, spec_of
 
     if isinstance(model, str):
+        if built_here:
+            raise UserError(f"train() model {model!r}: a model name builds an image classifier; this data is not "
+                            "images with class labels: pass your nn.Module (or a class building one)")  # fmt: skip
         return model, None
     if isinstance(model, nn.Module):
         return instance_label(model), model  # config.json says so: no config can rebuild an object

@@ -98,15 +98,15 @@ class BitwiseStep:
             p.grad = grad
             offset += n
 
-    def step(self, trainer, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor) -> bool:
+    def step(self, trainer, inputs, labels: torch.Tensor, indices: torch.Tensor) -> bool:
         """``Trainer.step`` for --bitwise: one micro-batch; True when it completed an optimizer step."""
         state, model = trainer.state, self.model
         t_data = time.perf_counter()
         with _no_sync(model):  # no all-reduce: the gradients are summed in reduce()
-            logits, loss = trainer.features.forward(model, trainer.normalizer(images), labels, indices, state.epoch)
+            outputs, loss = trainer.task.forward(trainer.features, model, inputs, labels, indices, state.epoch)
             loss.backward()
         self._keep_grad()
-        trainer.window.add(loss, logits, labels, finite_only=False)
+        trainer.window.add(loss, *trainer.task.counted(outputs, labels), finite_only=False)
         if len(self.grads) < self.accum:
             trainer._account(t_data, optimizer_step=False)
             return False

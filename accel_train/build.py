@@ -26,7 +26,7 @@ from accel_train.data import build_dataset
 from accel_train.data.base import DataSplits
 from accel_train.data.folder import unaugmented_sample
 from accel_train.data.identity import check_same_data
-from accel_train.data.pipeline import BatchNormalizer, BatchPlan, make_loader, place_on_device, plan_batches
+from accel_train.data.pipeline import BatchNormalizer, BatchPlan, place_on_device, plan_batches
 from accel_train.data.settings import refuse_flags_that_do_not_apply
 from accel_train.defaults import Defaults, choose
 from accel_train.errors import CheckpointError, UserError
@@ -41,11 +41,11 @@ from accel_train.models.pretrained import describe as describe_pretrained
 from accel_train.optim import GradClipper, build_optimizer, build_scheduler, direct_backward, replan_schedule
 from accel_train.photo_defaults import choose_for_photos
 from accel_train.plan_warnings import warn_about_run
-from accel_train.preprocess import describe_training_images
 from accel_train.resume import check_extension
 from accel_train.run_dir import ABANDONED, CONFIG, DATA_FILES, RunDir
 from accel_train.runtime import Runtime, bf16_cpu_note, check_fsdp_batchnorm, configure_backends
 from accel_train.sync_bn import apply_sync_bn, warn_parity_breakers
+from accel_train.tasks import ImageTask, check_resumed_task, refuse_image_options
 from accel_train.tracking import RunLogger, tracker_names
 from accel_train.trainer import Trainer
 
@@ -68,13 +68,17 @@ def build_trainer(
     cfg, picked = _with_defaults(cfg, fresh=resume_path is None)  # the user's own data: its defaults (defaults.py)
     _check_inputs(cfg, rt, run_dir, resume_path)
     cfg, picked, splits = _data(cfg, rt, picked, given.get("splits"))
+    task = given.get("task") or ImageTask(splits.info.num_classes)  # what a batch is and how a run is scored
+    refuse_image_options(cfg, task)
+    if resume_path is not None:
+        check_resumed_task((read_progress(resume_path).get("resolved") or {}).get("task"), task)
     ident = _check_resumed_data(cfg, rt, splits, run_dir, resume_path, given.get("splits"))  # before any model
     device_batch = None if cfg.max_device_batch == AUTO else cfg.max_device_batch  # auto: probed in _prepare
     plan = plan_batches(acc.num_processes, cfg.batch_size, cfg.grad_accum_steps, cfg.global_batch_size, device_batch)
     lr = cfg.lr * plan.global_batch / cfg.batch_size if cfg.scale_lr else cfg.lr
     pre = _pretrained_info(cfg, rt, splits)  # before the normalisation is chosen: the weights bring their own
     model, optimizer, train_dl, eval_dl, chosen, plan, feats = _prepare(
-        cfg, rt, splits, plan, lr, given.get("model"), pre, fresh=resume_path is None
+        cfg, rt, splits, plan, lr, task, given.get("model"), pre, fresh=resume_path is None
     )
     acc.gradient_accumulation_steps = plan.accum_steps
     bitwise = _bitwise(cfg, rt, model, plan)  # its refusals before the run folder is touched
@@ -86,16 +90,19 @@ def build_trainer(
     install_unwrapped_weight_hooks(acc)  # nothing is registered for checkpointing: see checkpoint.safe_load
     resolved = _resolved(acc, plan, lr, total_steps, steps_per_epoch, chosen)
     resolved["augment"] = splits.extra.get("augment")  # the description: random_crop(...)+hflip, or None
+    resolved["task"] = task.record()  # None for images; the generic task's kind, metrics and monitor
     resolved["defaults"] = picked.record(cfg.epochs) if picked else _saved_defaults(resume_path)  # what, and why
     if picked.pretrained and pre is not None:
         resolved["defaults"].update(pre.record())  # the weights' file and sha256
-    meta = _meta(cfg, splits, pre, resolved, ident, resume_path)
+    meta = _meta(cfg, splits, pre, resolved, ident, task, resume_path)
     state = _resume(cfg, rt, resume_path, scheduler, plan, total_steps, feats) if resume_path else TrainState()
     _open_run_folder(cfg, rt, run_dir, resume_path, resolved, ident)
     resumed = f"; resumed from {resume_path} at step {state.global_step}" if resume_path else ""
     _announce(cfg, rt, splits, f"{plan.describe()}; lr {lr:g}; {total_steps} steps ({steps_per_epoch}/epoch){resumed}")
     if picked:
         rt.print(f"accel_train: {picked.describe(cfg.epochs, steps_per_epoch)}")
+    if task.kind != "image":
+        rt.print(f"accel_train: task: {task.describe()}")
     eval_lines_every = cfg.log_every if cfg.eval_every == 0 else 1  # evaluations asked for by steps: every line
     logger = RunLogger(
         acc, run_dir.metrics, total_steps, state.global_step, cfg.progress, cfg.report_to != "none", eval_lines_every
@@ -117,7 +124,7 @@ def build_trainer(
         total_steps=total_steps,
         steps_per_epoch=steps_per_epoch,
         logger=logger,
-        normalizer=BatchNormalizer(splits.info.mean, splits.info.std, chosen["channels_last"]),
+        task=task,
         meta=meta,
         run_dir=run_dir,
         state=state,
@@ -307,6 +314,7 @@ def _prepare(
     splits: DataSplits,
     plan: BatchPlan,
     lr: float,
+    task,
     model=None,
     pre: PretrainedInfo | None = None,
     fresh: bool = True,
@@ -330,7 +338,9 @@ def _prepare(
     check_fsdp_batchnorm(acc.distributed_type, acc.mixed_precision, acc.device.type, backends.channels_last, model)
     if cfg.max_device_batch == AUTO:  # probed before --sync-bn: no rank may wait in a collective meanwhile
         shape = (info.in_channels, info.image_size, info.image_size)
-        plan = fit_device_batch(acc, model, plan, shape, dropout, even=cfg.mixup > 0 or cfg.cutmix > 0)
+        step = getattr(task, "probe_step", None)  # a batch of the task's own samples (images: zeros)
+        run = (lambda micro: step(model, splits, micro, acc)) if step else None
+        plan = fit_device_batch(acc, model, plan, shape, dropout, cfg.mixup > 0 or cfg.cutmix > 0, run)
     if cfg.sync_bn:  # before DDP wrapping, which must see the synchronised layers
         model = apply_sync_bn(model, rt)
     if cfg.freeze:  # after --sync-bn, which replaces BatchNorm layers
@@ -344,7 +354,8 @@ def _prepare(
     scales = head_lr_scales(model, pre.head, lr, cfg.head_lr) if cfg.head_lr and pre else {}
     if backends.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    features = TrainFeatures.for_run(cfg, model, dropout, acc, info.num_classes)  # --ema copies the model here
+    monitor = (task.monitor, task.higher)  # what early stopping follows
+    features = TrainFeatures.for_run(cfg, model, dropout, acc, task.checked_classes, monitor)  # --ema copies the model
     if features.mixer is not None:
         features.mixer.check_micro_batch(plan.micro_batch)
     model = rt.prepare_model(model)  # --compile happens inside prepare, after DDP wrapping (runtime)
@@ -352,23 +363,14 @@ def _prepare(
     workers = 0 if splits.in_memory else cfg.num_workers  # in-memory batches are one index op
     # in-memory splits that fit move to the GPU once: their batches are indexed and augmented there, unpinned
     on_device = place_on_device([splits.train, splits.test], acc.device, cfg.data_on_device)
-    pin = acc.device.type == "cuda"
-    train_dl = make_loader(
-        splits.train,
-        plan.micro_batch,
-        shuffle=True,
-        with_indices=True,  # (images, labels, global sample indices): mixup and dropout are keyed on them
-        seed=cfg.seed,
-        drop_to_multiple_of=plan.global_batch,
-        num_workers=workers,
-        pin_memory=pin and splits.train not in on_device,
-    )
+    pin = tuple(acc.device.type == "cuda" and split not in on_device for split in (splits.train, splits.test))
     eval_batch = cfg.eval_batch_size or 2 * plan.micro_batch
-    eval_pin = pin and splits.test not in on_device
-    eval_dl = make_loader(
-        splits.test, eval_batch, shuffle=False, seed=cfg.seed, num_workers=workers, pin_memory=eval_pin
-    )
+    sizes = (plan.micro_batch, eval_batch, cfg.seed, plan.global_batch)
+    train_dl, eval_dl = task.loaders(splits, *sizes, acc, workers, pin)
+    task.ready(info, backends.channels_last, rt.print)  # images: their normalisation, in the model's layout
     chosen = {**dataclasses.asdict(backends), "data_on_device": splits.train in on_device}
+    if not task.eval_prepared:  # the task's own block of the eval set on each rank
+        return (*acc.prepare(model, optimizer, train_dl), eval_dl, chosen, plan, features)
     return (*acc.prepare(model, optimizer, train_dl, eval_dl), chosen, plan, features)
 
 
@@ -389,34 +391,17 @@ def _scheduler(cfg: TrainConfig, optimizer, total_steps: int):
     return build_scheduler(optimizer, total_steps, *shape)
 
 
-def _meta(cfg: TrainConfig, splits: DataSplits, pre, resolved: dict[str, Any], ident, resume_path=None) -> dict:
+def _meta(cfg: TrainConfig, splits: DataSplits, pre, resolved: dict[str, Any], ident, task, resume_path=None) -> dict:
     """What every checkpoint carries: the model's config, the run's config, what this setup made of it, and
     (``resolved["data"]``, also in the export's config.json for eval.py) what the run trains on. A resume keeps
     its first attempt's record of the weights it started from, whatever the cache holds now."""
     resolved["data"] = ident.record() if ident is not None else None  # data.identity
-    model_config = {**_model_config(cfg, splits, pre), "data": resolved["data"]}
+    model_config = {**task.model_config(cfg, splits, pre), "data": resolved["data"]}
     if resume_path is not None and pre is not None:
         saved = read_progress(resume_path).get("model_config") or {}
         model_config = {k: v for k, v in model_config.items() if not k.startswith("pretrained")}
         model_config.update({k: v for k, v in saved.items() if k.startswith("pretrained")})
     return {"model_config": model_config, "config": cfg.to_dict(), "resolved": resolved}
-
-
-def _model_config(cfg: TrainConfig, splits: DataSplits, pre: PretrainedInfo | None) -> dict[str, Any]:
-    """What an export's config.json needs to rebuild the model and its input normalisation."""
-    info = splits.info
-    return {
-        "model": cfg.model,
-        "num_classes": info.num_classes,
-        "in_channels": info.in_channels,
-        "image_size": info.image_size,
-        "mean": list(info.mean),
-        "std": list(info.std),
-        "class_names": info.class_names,
-        "dataset": cfg.dataset,
-        "preprocess": describe_training_images(splits.train, cfg.dataset),  # what accel-predict does to images
-        **(pre.record() if pre is not None else {}),  # the weights it started from: source, file, sha256
-    }
 
 
 def _resume(

@@ -87,14 +87,22 @@ def evaluate_model(
     return out
 
 
-def best_note(best_step: int | None, accuracy: float | None, final_step: int, best: Path) -> dict[str, str]:
+def best_note(
+    best_step: int | None, accuracy: float | None, final_step: int, best: Path, key: str = "eval_accuracy",
+    images: bool = True,
+) -> dict[str, str]:  # fmt: skip
     """``{"best_note": line}`` when ``best`` (``best/``) holds other weights than the final model: it was chosen by
     eval_accuracy on the test split, the one that reports it (a run has no separate validation split), so that
     accuracy is optimistic; ``{}`` otherwise."""
     if best_step is None or accuracy is None or best_step == final_step:
         return {}
+    how = (
+        f"images kept out of training and testing with accel-evaluate --weights {best} --dataset imagefolder:DIR"
+        if images
+        else "data kept out of training and testing"
+    )
     return {
-        "best_note": f"best/ (step {best_step}, eval_accuracy {accuracy:.4f}) was chosen on the test split that "
-        "also scores it (there is no separate validation split), so that accuracy is optimistic: score it on images "
-        f"kept out of training and testing with accel-evaluate --weights {best} --dataset imagefolder:DIR"
+        "best_note": f"best/ (step {best_step}, {key} {accuracy:.4f}) was chosen on the test split that "
+        f"also scores it (there is no separate validation split), so that {key[5:] if images else 'figure'} is "
+        f"optimistic: score it on {how}"
     }

@@ -30,11 +30,14 @@ if TYPE_CHECKING:
 __all__ = ["fit"]
 
 
-def fit(cfg: TrainConfig, *, model: nn.Module | None = None, splits: DataSplits | None = None) -> dict[str, Any]:
+def fit(
+    cfg: TrainConfig, *, model: nn.Module | None = None, splits: DataSplits | None = None, task: Any = None
+) -> dict[str, Any]:
     """Train, evaluate, checkpoint and export according to ``cfg``; returns the summary.
 
     ``model``/``splits``: the caller's own module and data instead of ``cfg.model``/``cfg.dataset``
-    (see :func:`accel_train.api.train`).
+    (see :func:`accel_train.api.train`); ``task``: what a batch is and how the run is scored (default:
+    image classification; :mod:`accel_train.tasks`).
     """
     t_launch = time.perf_counter()
     run_dir = RunDir(cfg.output_dir)
@@ -45,12 +48,12 @@ def fit(cfg: TrainConfig, *, model: nn.Module | None = None, splits: DataSplits 
                 print(f"accel_train: {note}", flush=True)
             run_dir.refuse_if_locked()  # a second writer is refused before it reads or loads anything
         run_dir.check(cfg.resume, cfg.overwrite)  # before anything is loaded or written
-        return _fit(cfg, run_dir, t_launch, model, splits)
+        return _fit(cfg, run_dir, t_launch, model, splits, task)
     finally:
         run_dir.lock.release()
 
 
-def _fit(cfg: TrainConfig, run_dir: RunDir, t_launch: float, model, splits) -> dict[str, Any]:
+def _fit(cfg: TrainConfig, run_dir: RunDir, t_launch: float, model, splits, task=None) -> dict[str, Any]:
     # resolved once (--resume auto scans the checkpoints): the config is restored before the runtime (precision,
     # threads, compile), the checkpoint loaded by build_trainer
     cfg, resume_path, changes, finished = _restore_resumed_config(cfg, run_dir)
@@ -72,7 +75,8 @@ def _fit(cfg: TrainConfig, run_dir: RunDir, t_launch: float, model, splits) -> d
     log_with = trackers_for(cfg.report_to, run_dir, resumed) or None
     rt = build_runtime(cfg, log_with=log_with, project_dir=run_dir.path)
     try:
-        return build_trainer(cfg, rt, run_dir, resume_path, changes, model=model, splits=splits).run(t_launch)
+        trainer = build_trainer(cfg, rt, run_dir, resume_path, changes, model=model, splits=splits, task=task)
+        return trainer.run(t_launch)
     except BaseException:
         if rt.is_main and run_dir.restore_replaced():  # only the lock's holder that staged the run
             print(

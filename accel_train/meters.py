@@ -32,9 +32,8 @@ class Window:
         self.sums = torch.zeros(3, device=device, dtype=torch.float64)  # loss*n, correct, n
         self._loss, self._correct, self._n = self.sums.unbind()  # views: added to in place, no stack per step
 
-    def add(self, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, finite_only: bool) -> None:
-        n = labels.shape[0]
-        correct = (logits.detach().argmax(dim=1) == labels).sum()
+    def add(self, loss: torch.Tensor, correct: torch.Tensor, n: int, finite_only: bool) -> None:
+        """One micro-batch: its mean ``loss``, its ``correct`` predictions (a device tensor) of ``n`` samples."""
         if not finite_only:  # three in-place adds: the fewest kernels a step pays for its logged loss and accuracy
             self._loss.add_(loss.detach(), alpha=n)
             self._correct.add_(correct)

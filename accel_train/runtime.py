@@ -77,13 +77,18 @@ def wants_cpu_ranks(env: dict[str, str] | os._Environ = os.environ, cuda_availab
     return launched_world_size(env) > 1 and not cuda_available
 
 
+_GROUPS_JOINED: list[str] = []  # the process groups this process has joined (one per run)
+
+
 def init_process_group_per_attempt(cpu: bool, timeout: timedelta) -> None:
     """Join the process group through a store namespace unique to this launcher attempt.
 
     After ``accelerate launch --max_restarts`` restarts the ranks, torchrun's store
     still holds the previous attempt's keys; gloo could read a dead peer's
     address from them and fail with "connectFullMesh ... Connection refused"
-    (seen here under load), or hang. Accelerate skips its own init when a group exists.
+    (seen here under load), or hang. Accelerate skips its own init when a group exists. A script that trains
+    twice (two ``accel_train.train`` calls) joins a new group each time, under a namespace of its own too: the
+    first group's keys would otherwise send gloo to the first group's closed sockets.
     """
     import torch.distributed as dist
 
@@ -91,7 +96,8 @@ def init_process_group_per_attempt(cpu: bool, timeout: timedelta) -> None:
     if attempt is None or launched_world_size() < 2 or dist.is_initialized():
         return
     store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
-    store = dist.PrefixStore(f"accel_train/attempt_{attempt}", store)
+    _GROUPS_JOINED.append(attempt)  # every rank runs the same calls: the same count on each
+    store = dist.PrefixStore(f"accel_train/attempt_{attempt}/group_{len(_GROUPS_JOINED)}", store)
     backend = "gloo"
     device_id = None
     if not cpu and torch.cuda.is_available():

@@ -310,12 +310,10 @@ class RunLogger:
         if not self.is_main:
             return
         if self.bar is not None and event == "train":
-            self.bar.set_postfix(
-                loss=f"{values['loss']:.4f}",
-                acc=f"{values['accuracy']:.3f}",
-                samples_s=f"{values['samples_per_s']:.0f}",
-                refresh=False,
-            )
+            shown = {"loss": f"{values['loss']:.4f}"}
+            if "accuracy" in values:  # a classification's
+                shown["acc"] = f"{values['accuracy']:.3f}"
+            self.bar.set_postfix(**shown, samples_s=f"{values['samples_per_s']:.0f}", refresh=False)
         elif (event == "train" and self.plain_lines) or (event != "train" and self._eval_line_due(step)):
             self.write(_format_line(event, step, epoch, values))
 

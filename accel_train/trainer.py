@@ -26,9 +26,9 @@ from accel_train.checkpoint.state import TrainState, save_checkpoint
 from accel_train.checkpoint.weights import export_weights
 from accel_train.config import TrainConfig
 from accel_train.data.base import DatasetInfo
-from accel_train.data.pipeline import BatchNormalizer, BatchPlan
+from accel_train.data.pipeline import BatchPlan
 from accel_train.errors import NonFiniteLossError, peer_lost
-from accel_train.evaluation import best_note, evaluate_model
+from accel_train.evaluation import best_note
 from accel_train.features import TrainFeatures
 from accel_train.fsio import write_json_atomic
 from accel_train.memorisation import check_memorised
@@ -75,7 +75,7 @@ class Trainer:
     scheduler: Any
     train_dl: Any
     eval_dl: Any
-    normalizer: BatchNormalizer
+    task: Any  # accel_train.tasks: what a batch is (images, or any model's), how the run is scored
     plan: BatchPlan
     info: DatasetInfo
     total_steps: int
@@ -219,12 +219,12 @@ class Trainer:
         self._nonfinite = torch.zeros((), device=self.acc.device)
         self._last_log = (time.perf_counter(), state.samples_seen)
         self._t_prev = time.perf_counter()
-        for images, labels, indices in loader:
-            if self.step(images, labels, indices) and (state.global_step >= self.total_steps or self.stop_after_epoch):
+        for inputs, labels, indices in loader:
+            if self.step(inputs, labels, indices) and (state.global_step >= self.total_steps or self.stop_after_epoch):
                 break
         self._wait_for_device()  # before the epoch-end evaluation, which is not training time
 
-    def step(self, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor) -> bool:
+    def step(self, inputs: Any, labels: torch.Tensor, indices: torch.Tensor) -> bool:
         """One micro-batch, top to bottom; True when it completed an optimizer step.
 
         Forward and loss (with --label-smoothing, --mixup/--cutmix; dropout masks keyed on the samples'
@@ -236,11 +236,11 @@ class Trainer:
         cost a GPU sync every step. It is counted on the device (:meth:`_scaled_step`).
         """
         if self.bitwise is not None:  # each micro-batch's own gradient, summed in one fixed order
-            return self.bitwise.step(self, images, labels, indices)
+            return self.bitwise.step(self, inputs, labels, indices)
         cfg, acc, model, state = self.cfg, self.acc, self.model, self.state
         t_data = time.perf_counter()
         with nullcontext() if self.direct else acc.accumulate(model):
-            logits, loss = self.features.forward(model, self.normalizer(images), labels, indices, state.epoch)
+            outputs, loss = self.task.forward(self.features, model, inputs, labels, indices, state.epoch)
             loss.backward() if self.direct else acc.backward(loss)
             skip = False
             if cfg.skip_nonfinite:  # opt-in: one small all-reduce per optimizer step
@@ -254,7 +254,7 @@ class Trainer:
                 self._scaled_step()
             if acc.sync_gradients:  # accelerate's zero_grad does the same, after an inspect.signature per step
                 self.optimizer.optimizer.zero_grad(set_to_none=True)
-        self.window.add(loss, logits, labels, finite_only=cfg.skip_nonfinite)
+        self.window.add(loss, *self.task.counted(outputs, labels), finite_only=cfg.skip_nonfinite)
         if not acc.sync_gradients:  # a micro-batch of an accumulated step
             self._account(t_data, optimizer_step=False)
             return False
@@ -327,8 +327,7 @@ class Trainer:
         rate = (state.samples_seen - last_samples) / max(now - last_t, 1e-9)
         self._last_log = (now, state.samples_seen)
         values = {
-            "loss": tot_loss / max(tot_seen, 1),
-            "accuracy": tot_correct / max(tot_seen, 1),
+            **self.task.train_values(tot_loss, tot_correct, tot_seen),  # loss, accuracy (a classification's)
             "lr": self.scheduler.get_last_lr()[0],
             "samples_per_s": rate,
         }
@@ -376,11 +375,10 @@ class Trainer:
     # ---- evaluation, checkpoints, exports ------------------------------------------------------------------
     def evaluate(self, with_confusion: bool = False) -> dict[str, Any]:
         """The model's eval metrics; with ``--ema`` also the average's, as ``eval_ema_accuracy``, ``eval_ema_loss``."""
-        args = (self.eval_dl, self.normalizer, None, self.info.num_classes)  # accuracy: an exact count
         tta, full = self.cfg.tta, self.bitwise is not None  # --bitwise: full batches on any setup
-        result = evaluate_model(self.acc, self.model, *args, with_confusion, tta=tta, full_batches=full)
+        result = self.task.evaluate(self.acc, self.model, self.eval_dl, with_confusion, tta=tta, full_batches=full)
         if self.features.ema is not None:
-            ema = evaluate_model(self.acc, self.features.ema.module, *args, tta=tta, full_batches=full)
+            ema = self.task.evaluate(self.acc, self.features.ema.module, self.eval_dl, tta=tta, full_batches=full)
             result.update(self.features.ema_results(ema))
         if not math.isfinite(result["eval_loss"]):  # NaN/Inf outputs: no metric of this model means anything
             raise NonFiniteLossError(
@@ -396,8 +394,9 @@ class Trainer:
         values["train_time_s"] = self.timer.train_s  # training only: no start-up, evaluations or checkpoints
         self.logger.log("eval", state.global_step, self._step_epoch(), values)
         state.last_eval_step = state.global_step
-        if state.best_metric is None or result["eval_accuracy"] > state.best_metric:
-            state.best_metric, state.best_step = result["eval_accuracy"], state.global_step
+        value, best = result[self.task.monitor], state.best_metric  # eval_accuracy for images
+        if best is None or (value > best if self.task.higher else value < best):
+            state.best_metric, state.best_step = value, state.global_step
             self.export(self.run_dir / BEST)
 
     def checkpoint(self) -> None:
@@ -447,16 +446,22 @@ class Trainer:
             self.features.export_ema(self.run_dir / MODEL_EMA, self.meta["model_config"])
         summary = {
             **({"stopped": stopped} if stopped else {}),
-            "eval_accuracy": final["eval_accuracy"],
-            "eval_loss": final["eval_loss"],
+            **self.task.summary(final),  # eval_accuracy and eval_loss for images; eval_loss and the metrics
             **self.features.ema_summary(final),
             "eval_samples": final["eval_samples"],
             "global_step": state.global_step,
             "epochs_completed": state.epoch,
             "samples_seen": state.samples_seen,
-            "best_eval_accuracy": state.best_metric,
+            f"best_{self.task.monitor}": state.best_metric,
             "best_step": state.best_step,
-            **best_note(state.best_step, state.best_metric, state.global_step, self.run_dir / BEST),
+            **best_note(
+                state.best_step,
+                state.best_metric,
+                state.global_step,
+                self.run_dir / BEST,
+                self.task.monitor,
+                self.task.kind == "image",
+            ),  # fmt: skip
             "nonfinite_skipped": state.nonfinite_skipped,
             "fp16_skipped_steps": state.fp16_skipped_steps,
             "loss_scale": acc.scaler.get_scale() if acc.scaler is not None else None,
@@ -474,24 +479,26 @@ class Trainer:
         }
         open_window = self.window.record(acc, state.global_step)  # steps no train record holds; every rank
         if rt.is_main:
-            self._write_results(summary, final["confusion"], open_window)
+            self._write_results(summary, final.get("confusion"), open_window)
         return summary
 
-    def _write_results(self, summary: dict[str, Any], confusion: torch.Tensor, open_window: dict | None) -> None:
+    def _write_results(self, summary: dict[str, Any], confusion: torch.Tensor | None, open_window: dict | None) -> None:
         """The confusion matrix and plots, then summary.json, last: it marks the run finished (``--resume auto``
         then touches nothing), so a run killed before it is finished again, not left without its plots."""
         out, names = self.run_dir.path, self.info.class_names
-        write_json_atomic(out / CONFUSION_JSON, {"class_names": names, "matrix": confusion.tolist()}, "the confusion")
+        if confusion is not None:  # a classifier of images
+            write_json_atomic(out / CONFUSION_JSON, {"class_names": names, "matrix": confusion.tolist()}, "confusion")
         if self.cfg.plots:
             from accel_train.plots import plot_confusion_matrix, plot_curves
 
             plot_curves(out)
-            plot_confusion_matrix(confusion.numpy(), names, out / CONFUSION_PNG)
+            if confusion is not None:
+                plot_confusion_matrix(confusion.numpy(), names, out / CONFUSION_PNG)
         summary.update(check_memorised(self.run_dir.metrics, self.meta["resolved"], self.cfg.pretrained, open_window))
         write_json_atomic(out / SUMMARY, summary, "the run summary")
         self.run_dir.commit_replace()
         self.rt.print(
-            f"accel_train: eval_accuracy {summary['eval_accuracy']:.4f} | eval_loss {summary['eval_loss']:.4f} | "
+            f"accel_train: {self.task.result_line(summary)} | "
             f"{self.attempts.line(self.state.global_step, summary['wall_time_s'])} | wrote {out}"
             + (f"\naccel_train: note: {summary['best_note']}" if "best_note" in summary else "")
         )

@@ -127,12 +127,14 @@ def make_loader(
     num_workers: int = 0,
     pin_memory: bool = False,
     with_indices: bool = False,
+    collate: Callable = collate_batch,
 ) -> DataLoader:
     """A DataLoader whose own generator keeps iterator creation off the global RNG.
 
     (A plain DataLoader draws its base seed from the global RNG each epoch,
     which would shift dropout after a mid-epoch resume.) ``with_indices``: batches are
-    ``(images, labels, indices)``, see :class:`WithIndices`.
+    ``(images, labels, indices)``, see :class:`WithIndices`. ``collate``: a list of samples to
+    ``(inputs, labels)`` (default: images; the generic task's collate: ``accel_train.tasks.generic``).
     """
     if len(dataset) < drop_to_multiple_of:
         raise UserError(
@@ -146,9 +148,9 @@ def make_loader(
     )
     workers = dict(persistent_workers=True, prefetch_factor=4) if num_workers > 0 else {}
     return DataLoader(
-        WithIndices(dataset) if with_indices else dataset,
+        WithIndices(dataset, collate) if with_indices else dataset,
         batch_sampler=BatchSampler(sampler, batch_size, drop_last=shuffle),
-        collate_fn=_batch_as_built if with_indices else collate_batch,
+        collate_fn=_batch_as_built if with_indices else collate,
         num_workers=num_workers,
         pin_memory=pin_memory,
         generator=torch.Generator().manual_seed(seed),
@@ -164,16 +166,16 @@ class WithIndices(Dataset):
     sample, whichever process and micro-batch it lands in (``accel_train.features``).
     """
 
-    def __init__(self, dataset):
-        self.dataset = dataset
+    def __init__(self, dataset, collate: Callable = collate_batch):
+        self.dataset, self.collate = dataset, collate
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitems__(self, indices: Sequence[int]):
         getitems = getattr(self.dataset, "__getitems__", None)
-        images, labels = collate_batch(getitems(indices) if getitems else [self.dataset[i] for i in indices])
-        return images, labels, _index_tensor(indices, images.device)
+        inputs, labels = self.collate(getitems(indices) if getitems else [self.dataset[i] for i in indices])
+        return inputs, labels, _index_tensor(indices, labels.device)
 
 
 def _batch_as_built(batch):

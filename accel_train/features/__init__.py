@@ -55,8 +55,11 @@ class TrainFeatures:
     num_classes: int = 0  # > 0: the first forward's output is checked against [batch, num_classes]
 
     @classmethod
-    def for_run(cls, cfg, model: nn.Module, dropout: DropoutKeys | None, acc, num_classes: int = 0) -> TrainFeatures:
-        """Call on the unwrapped model right before ``prepare`` (the EMA copies it then)."""
+    def for_run(
+        cls, cfg, model: nn.Module, dropout: DropoutKeys | None, acc, num_classes: int = 0, monitor=("eval_accuracy", 1)
+    ) -> TrainFeatures:
+        """Call on the unwrapped model right before ``prepare`` (the EMA copies it then). ``monitor``: (the eval key
+        early stopping follows, whether higher is better)."""
         from accelerate.utils import DistributedType
 
         mixing = cfg.mixup > 0 or cfg.cutmix > 0
@@ -73,7 +76,9 @@ class TrainFeatures:
             mixer=Mixer(cfg.mixup, cfg.cutmix, cfg.seed) if mixing else None,
             dropout=dropout,
             ema=ema,
-            early=EarlyStopping(cfg.early_stop_patience, cfg.early_stop_min_delta) if cfg.early_stop_patience else None,
+            early=EarlyStopping(cfg.early_stop_patience, cfg.early_stop_min_delta, *monitor)
+            if cfg.early_stop_patience
+            else None,
             num_classes=num_classes,
         )
 
@@ -107,7 +112,7 @@ class TrainFeatures:
 
     def observe_eval(self, result: dict[str, Any], step: int) -> str | None:
         """An evaluation during training; returns the early-stopping reason when it ends the run."""
-        return self.early.observe(result["eval_accuracy"], step) if self.early is not None else None
+        return self.early.observe(result[self.early.key], step) if self.early is not None else None
 
     def stopped_early(self) -> str | None:
         """Why a resumed run had already stopped early (None: it goes on)."""
@@ -116,12 +121,12 @@ class TrainFeatures:
     # ---- evaluation and export -----------------------------------------------------------------------------
     @staticmethod
     def ema_results(result: dict[str, Any]) -> dict[str, Any]:
-        """``eval_accuracy``, ``eval_loss`` of the EMA weights as ``eval_ema_accuracy``, ``eval_ema_loss``."""
-        return {"eval_ema_accuracy": result["eval_accuracy"], "eval_ema_loss": result["eval_loss"]}
+        """The EMA weights' eval figures (``eval_accuracy``, ``eval_loss``, ...) as ``eval_ema_accuracy``, ..."""
+        return {f"eval_ema_{k[5:]}": v for k, v in result.items() if k.startswith("eval_") and k != "eval_samples"}
 
     def ema_summary(self, final: dict[str, Any]) -> dict[str, Any]:
         """The EMA's final figures for summary.json (nothing without --ema)."""
-        return {k: final[k] for k in ("eval_ema_accuracy", "eval_ema_loss") if k in final}
+        return {k: v for k, v in final.items() if k.startswith("eval_ema_")}
 
     def export_ema(self, out_dir: Path, model_config: dict[str, Any]) -> None:
         if self.ema is not None:

@@ -90,9 +90,16 @@ def probe_step(model: nn.Module, batch: int, sample_shape: tuple[int, ...], devi
 
 
 def fit_device_batch(
-    acc, model: nn.Module, plan: BatchPlan, sample_shape: tuple[int, ...], keys: DropoutKeys | None, even: bool
+    acc,
+    model: nn.Module,
+    plan: BatchPlan,
+    sample_shape: tuple[int, ...],
+    keys: DropoutKeys | None,
+    even: bool,
+    run: Callable[[int], None] | None = None,
 ) -> BatchPlan:
-    """``plan`` with the largest micro-batch every rank can train (collective: one all-reduce)."""
+    """``plan`` with the largest micro-batch every rank can train (collective: one all-reduce). ``run(micro)``:
+    the forward and backward of ``micro`` real samples (the generic task's), instead of zero images."""
     from accelerate.utils import DistributedType
 
     if acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
@@ -112,7 +119,7 @@ def fit_device_batch(
         indices = torch.arange(batch, device=device)
         try:
             with keys.batch(0, indices) if keys else nullcontext():
-                probe_step(model, batch, sample_shape, device, acc.autocast())
+                run(batch) if run is not None else probe_step(model, batch, sample_shape, device, acc.autocast())
         finally:
             del reserve
             model.zero_grad(set_to_none=True)

@@ -1,10 +1,12 @@
-"""``--early-stop-patience N``: stop once N evaluations in a row have not improved eval accuracy.
+"""``--early-stop-patience N``: stop once N evaluations in a row have not improved eval accuracy (or the task's
+``monitor``: :mod:`accel_train.tasks`).
 
 An evaluation improves when its ``eval_accuracy`` beats the best so far by more than
-``--early-stop-min-delta``. Only the evaluations during training count (epoch ends and
+``--early-stop-min-delta`` (a monitor where lower is better, such as ``eval_loss``: falls below it by
+more). Only the evaluations during training count (epoch ends and
 ``--eval-every``), not the final one. The counter and the best value travel in checkpoints
 (``progress.json``, ``state.extra["early_stop"]``), so a resumed run stops at the same step as an
-uninterrupted one. The decision is made from the gathered accuracy, the same number on every rank.
+uninterrupted one. The decision is made from the gathered figure, the same number on every rank.
 """
 
 from __future__ import annotations
@@ -21,18 +23,23 @@ KEY = "early_stop"
 class EarlyStopping:
     patience: int
     min_delta: float = 0.0
+    key: str = "eval_accuracy"  # the eval figure followed (the task's monitor)
+    higher: bool = True  # whether a larger value is better
     best: float | None = None
     best_step: int | None = None
     bad_evals: int = 0
     last_step: int | None = None  # an --eval-every evaluation at an epoch's end is followed by the epoch's own
 
-    def observe(self, accuracy: float, step: int) -> str | None:
+    def observe(self, value: float, step: int) -> str | None:
         """Count one evaluation (a second one at the same step does not count); returns why to stop now, or None."""
         if step == self.last_step:
             return self.reason()
         self.last_step = step
-        if self.best is None or accuracy > self.best + self.min_delta:
-            self.best, self.best_step, self.bad_evals = accuracy, step, 0
+        better = self.best is None or (
+            value > self.best + self.min_delta if self.higher else value < self.best - self.min_delta
+        )
+        if better:
+            self.best, self.best_step, self.bad_evals = value, step, 0
         else:
             self.bad_evals += 1
         return self.reason()
@@ -43,7 +50,7 @@ class EarlyStopping:
             return None
         by = f" by more than {self.min_delta:g}" if self.min_delta else ""
         return (
-            f"early stopping: eval_accuracy did not improve{by} for {self.bad_evals} evaluations "
+            f"early stopping: {self.key} did not improve{by} for {self.bad_evals} evaluations "
             f"(best {self.best:.4f} at step {self.best_step})"
         )
 

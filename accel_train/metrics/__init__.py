@@ -23,8 +23,8 @@ _HERE = Path(__file__).resolve().parent
 class LazyMetric:
     """An ``evaluate.Metric`` of this package, built at the first ``add_batch``/``compute``."""
 
-    def __init__(self, name: str):
-        self.name = name
+    def __init__(self, name: str, config_name: str | None = None):
+        self.name, self.config_name = name, config_name
         self._metric = None
 
     @property
@@ -38,7 +38,8 @@ class LazyMetric:
                 for v in vars(module).values()
                 if isinstance(v, type) and issubclass(v, evaluate.Metric) and v is not evaluate.Metric
             )
-            self._metric = cls(keep_in_memory=True)
+            config = {"config_name": self.config_name} if self.config_name else {}
+            self._metric = cls(keep_in_memory=True, **config)
         return self._metric
 
     def add_batch(self, **kwargs: Any) -> None:
@@ -48,8 +49,14 @@ class LazyMetric:
         return self.metric.compute(**kwargs)
 
 
+SCORES = ("f1", "precision", "recall", "matthews_correlation", "mse", "rmse", "mae", "r_squared")  # scores/scores.py
+SHIPPED = ("accuracy", *SCORES)
+
+
 def load_metric(name: str = "accuracy") -> LazyMetric:
-    """A metric module shipped with accel_train (works offline), built when first used."""
+    """A metric module shipped with accel_train (works offline; ``SHIPPED`` names them), built when first used."""
+    if name in SCORES:
+        return LazyMetric("scores", config_name=name)
     if not (_HERE / name / f"{name}.py").is_file():
         raise ValueError(f"no local metric {name!r} in {_HERE}")
     return LazyMetric(name)

@@ -1,0 +1,289 @@
+"""Any model, any task: batches passed to the model as they come, the model's own loss, metrics on its predictions.
+
+A batch is what the dataset's samples collate to (``collate_fn``, or torch's ``default_collate``): a dict (a
+Hugging Face tokenized batch) is passed as ``model(**batch)``; a tuple ``(inputs, ..., target)`` as
+``model(inputs, ...)``. The labels are the dict's ``labels``/``label``/``target`` entry or the tuple's last one:
+integers make a classification, floats a regression. The loss is ``loss_fn(outputs, batch)``, else the model's
+own (``outputs.loss``, as Hugging Face models return when given ``labels``), else cross-entropy on the logits
+(classification) or the mean squared error of the output (regression).
+
+Randomness drawn inside ``forward`` (a transformer's attention dropout, drawn by ``scaled_dot_product_attention``
+from torch's global generator) is keyed on the micro-batch: the generator is seeded from ``(seed, epoch, the
+samples' indices)`` around each training forward and put back after, so the same micro-batch draws the same
+masks on any number of processes and after a resume (``nn.Dropout`` layers are keyed on each sample, as for
+images: :mod:`accel_train.features.dropout`).
+
+Evaluation is exact on any number of processes: each rank scores a contiguous block of the eval set (no
+sample padded or dropped), the predictions and labels are gathered in the set's order, and the metrics
+(:mod:`accel_train.tasks.scores`) are computed from all of them on every rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Subset, default_collate
+
+from accel_train.data.pipeline import make_loader
+from accel_train.errors import UserError
+from accel_train.tasks.scores import Scores
+
+LABEL_KEYS = ("labels", "label", "target", "targets")
+DRAWS_NOTE = (
+    "accel_train: note: the model draws random numbers inside forward besides its nn.Dropout layers (attention "
+    "dropout, say): they are keyed on each micro-batch, so runs at the same micro-batch (--max-device-batch N, as "
+    "--bitwise takes) draw the same ones on any setup and after a resume; at another micro-batch they differ"
+)
+PROBE_SCAN = 1024  # samples measured to pick the largest ones for --max-device-batch auto
+
+
+def labels_of(batch: Any) -> torch.Tensor:
+    """The batch's labels: a dict's ``labels``/``label``/``target`` entry, or a tuple's last element."""
+    if isinstance(batch, Mapping):
+        key = next((k for k in LABEL_KEYS if k in batch), None)
+        if key is None:
+            raise UserError(
+                f"a batch is a dict with keys {sorted(batch)[:8]} and no labels ({', '.join(LABEL_KEYS)}); "
+                "add the labels to each sample (a Hugging Face model computes its loss from 'labels')"
+            )
+        labels = batch[key]
+    elif isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        labels = batch[-1]
+    else:
+        raise UserError(
+            f"a batch is a {type(batch).__name__}; samples must be dicts with labels or (inputs, target) pairs"
+        )
+    if not isinstance(labels, torch.Tensor):
+        raise UserError(f"the labels collate to a {type(labels).__name__}, not a tensor; collate_fn must return one")
+    return labels
+
+
+def call(model, batch: Any):
+    """``model(**batch)`` for a dict, ``model(*inputs)`` for ``(inputs, ..., target)``."""
+    if isinstance(batch, Mapping):
+        return model(**batch)
+    return model(*batch[:-1])
+
+
+def output_tensor(outputs: Any) -> torch.Tensor:
+    """The scores or values a model returned: ``outputs.logits``, the tensor itself, or a tuple's first."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    logits = outputs.get("logits") if isinstance(outputs, Mapping) else getattr(outputs, "logits", None)
+    if logits is None and isinstance(outputs, (tuple, list)) and outputs and isinstance(outputs[0], torch.Tensor):
+        logits = outputs[0]
+    if not isinstance(logits, torch.Tensor):
+        raise UserError(
+            f"the model returned a {type(outputs).__name__} without logits; return a tensor, or pass "
+            "predict_fn=(outputs, batch) -> predictions"
+        )
+    return logits
+
+
+def _own_loss(outputs: Any) -> torch.Tensor | None:
+    loss = outputs.get("loss") if isinstance(outputs, Mapping) else getattr(outputs, "loss", None)
+    return loss if isinstance(loss, torch.Tensor) else None
+
+
+@contextmanager
+def keyed_rng(seed: int, epoch: int, indices: torch.Tensor, device: torch.device):
+    """torch's generators seeded from ``(seed, epoch, indices)`` inside, restored after; yields a list that holds,
+    after the block, whether the block drew from them."""
+    key = hashlib.sha256(f"{seed}:{epoch}:".encode() + indices.detach().cpu().numpy().tobytes()).digest()
+    devices = [device] if device.type == "cuda" else []
+    drew: list[bool] = []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(int.from_bytes(key[:8], "little") & (2**63 - 1))
+        seeded = _states(devices)
+        try:
+            yield drew
+        finally:  # before fork_rng puts the outer states back
+            drew.append(not all(torch.equal(a, b) for a, b in zip(seeded, _states(devices), strict=True)))
+
+
+def _states(devices: list[torch.device]) -> list[torch.Tensor]:
+    return [torch.random.get_rng_state(), *(torch.cuda.get_rng_state(d) for d in devices)]
+
+
+class GenericTask:
+    """What the loop does with batches that are not images: see the module docstring."""
+
+    kind = "generic"
+    eval_prepared = False  # its eval loader is this rank's own block of the eval set, not accelerate's
+    checked_classes = 0  # no [batch, num_classes] check of the outputs
+
+    def __init__(
+        self,
+        classification: bool,
+        scores: Scores,
+        collate_fn: Callable | None = None,
+        loss_fn: Callable | None = None,
+        predict_fn: Callable | None = None,
+        seed: int = 0,
+    ):
+        self.classification, self.scores, self.seed = classification, scores, seed
+        self.collate_fn, self.loss_fn, self.predict_fn = collate_fn, loss_fn, predict_fn
+        self.monitor, self.higher = scores.monitor, scores.higher
+        self.loss_said: str | None = None  # which loss the first batch used, in words
+        self.say: Callable[[str], None] = print  # the run's console (main process), set by ready()
+        self._draws_checked = False
+
+    # ---- batches ---------------------------------------------------------------------------------------
+    def collate(self, samples: list) -> tuple[Any, torch.Tensor]:
+        batch = (self.collate_fn or default_collate)(samples)
+        return batch, labels_of(batch)
+
+    def loaders(self, splits, micro: int, eval_batch: int, seed: int, global_batch: int, acc, workers: int, pin):
+        """(train loader, this rank's eval loader): the training batches carry the samples' indices; ``pin``: (train's,
+        eval's) pin_memory."""
+        train = make_loader(splits.train, micro, shuffle=True, with_indices=True, seed=seed, collate=self.collate,
+                            drop_to_multiple_of=global_batch, num_workers=workers, pin_memory=pin[0])  # fmt: skip
+        n, rank, world = len(splits.test), acc.process_index, acc.num_processes
+        block = Subset(splits.test, range(n * rank // world, n * (rank + 1) // world))
+        evals = make_loader(block, eval_batch, shuffle=False, seed=seed, collate=self.collate, num_workers=workers,
+                            pin_memory=pin[1])  # fmt: skip
+        return train, evals
+
+    # ---- the train step --------------------------------------------------------------------------------
+    def forward(self, features, model, batch, labels: torch.Tensor, indices: torch.Tensor, epoch: int):
+        """``(outputs, loss)`` of one training micro-batch (randomness keyed on it)."""
+        keys = features.dropout.batch(epoch, indices) if features.dropout is not None else nullcontext()
+        with keyed_rng(self.seed, epoch, indices, labels.device) as drew, keys:
+            outputs = call(model, batch)
+        if not self._draws_checked:
+            self._draws_checked = True
+            if drew[0]:
+                self.say(DRAWS_NOTE)
+        return outputs, self.loss(outputs, batch, labels)
+
+    def loss(self, outputs: Any, batch: Any, labels: torch.Tensor) -> torch.Tensor:
+        if self.loss_fn is not None:
+            loss, said = self.loss_fn(outputs, batch), f"loss_fn {getattr(self.loss_fn, '__name__', 'given')}"
+        elif (own := _own_loss(outputs)) is not None:
+            loss, said = own, "the model's own (outputs.loss)"
+        elif self.classification:
+            logits = output_tensor(outputs)
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+            said = "cross-entropy of the logits"
+        else:
+            loss, said = F.mse_loss(self._values(output_tensor(outputs), labels).float(), labels.float()), "mse"
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise UserError(f"{said} gave {type(loss).__name__} {getattr(loss, 'shape', '')}; it must be one number")
+        self.loss_said = self.loss_said or said
+        return loss.reshape(())
+
+    @staticmethod
+    def _values(values: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """A regression's ``[B, 1]`` output against ``[B]`` targets as ``[B]``."""
+        return values.squeeze(-1) if values.dim() == labels.dim() + 1 and values.shape[-1] == 1 else values
+
+    def predictions(self, outputs: Any, batch: Any, labels: torch.Tensor) -> torch.Tensor:
+        """What the metrics score: ``predict_fn``'s, the argmax of the logits, or the output values."""
+        if self.predict_fn is not None:
+            return torch.as_tensor(self.predict_fn(outputs, batch))
+        values = output_tensor(outputs).detach()
+        if self.classification:
+            return values.argmax(-1) if values.dim() == labels.dim() + 1 else (values > 0).long()
+        return self._values(values, labels).float()
+
+    def counted(self, outputs: Any, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """(correct, samples) of a micro-batch for the train records' accuracy (0 correct for a regression)."""
+        if not self.classification or labels.dim() != 1 or self.predict_fn is not None:
+            return labels.new_zeros((), dtype=torch.int64), labels.shape[0]
+        return (self.predictions(outputs, None, labels) == labels).sum(), labels.shape[0]
+
+    def train_values(self, loss: float, correct: float, seen: float) -> dict[str, float]:
+        shown = {"loss": loss / max(seen, 1)}
+        if self.classification and self.predict_fn is None:
+            shown["accuracy"] = correct / max(seen, 1)
+        return shown
+
+    def ready(self, info, channels_last: bool, say: Callable[[str], None] = print) -> None:
+        """The batches go to the model as they come: only the console for the notes of the first step."""
+        self.say = say
+
+    def probe_step(self, model, splits, micro: int, acc) -> None:
+        """--max-device-batch auto: forward and backward of the ``micro`` largest of the first samples."""
+        from accelerate.utils import send_to_device
+
+        data = splits.train
+        largest = sorted(range(min(len(data), PROBE_SCAN)), key=lambda i: -_numel(data[i]))
+        samples = [data[largest[j % len(largest)]] for j in range(micro)]
+        batch, labels = send_to_device(self.collate(samples), acc.device)
+        with acc.autocast():
+            outputs = call(model, batch)
+        self.loss(outputs, batch, labels).backward()
+
+    # ---- evaluation --------------------------------------------------------------------------------------
+    def evaluate(self, acc, model, loader, with_confusion=False, tta="none", full_batches=False) -> dict[str, Any]:
+        """eval_loss and the metrics over the whole eval set (each rank its block; gathered in order)."""
+        from accelerate.utils import gather_object, send_to_device
+
+        module = acc.unwrap_model(model)
+        was_training = module.training
+        module.eval()
+        preds, refs, loss_sum = [], [], torch.zeros((), dtype=torch.float64, device=acc.device)
+        with torch.no_grad():
+            for batch, labels in loader:
+                batch, labels = send_to_device((batch, labels), acc.device)
+                with acc.autocast():
+                    outputs = call(module, batch)
+                loss_sum += self.loss(outputs, batch, labels).double() * labels.shape[0]
+                preds.append(self.predictions(outputs, batch, labels).cpu())
+                refs.append(labels.cpu())
+        module.train(was_training)
+        mine = (torch.cat(preds) if preds else None, torch.cat(refs) if refs else None, loss_sum.item())
+        ranks = gather_object([mine]) if acc.num_processes > 1 else [mine]
+        preds_all = torch.cat([p for p, _, _ in ranks if p is not None])
+        refs_all = torch.cat([r for _, r, _ in ranks if r is not None])
+        n = len(refs_all)
+        out: dict[str, Any] = {"eval_loss": sum(s for _, _, s in ranks) / max(n, 1)}
+        out.update(self.scores.compute(preds_all, refs_all))
+        out["eval_samples"] = n
+        return out
+
+    # ---- records -----------------------------------------------------------------------------------------
+    def summary(self, final: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in final.items() if k.startswith("eval_") and k != "eval_samples" and "_ema_" not in k}
+
+    def result_line(self, summary: dict[str, Any]) -> str:
+        keys = [self.monitor] + ["eval_loss"] * (self.monitor != "eval_loss")
+        return " | ".join(f"{k} {summary[k]:.4f}" for k in keys if isinstance(summary.get(k), (int, float)))
+
+    def record(self) -> dict[str, Any]:
+        """What the run's config.yaml, checkpoints and config.json say of the task (a resume compares it)."""
+        return {
+            "task": "classification" if self.classification else "regression",
+            "metrics": self.scores.names(),
+            "monitor": self.monitor,
+            "mode": "max" if self.higher else "min",
+        }
+
+    def describe(self) -> str:
+        direction = "higher" if self.higher else "lower"
+        return (
+            f"{self.record()['task']} ({'integer' if self.classification else 'float'} labels); metrics "
+            f"{', '.join(self.scores.keys()) or 'eval_loss'}; best/ and early stopping follow {self.monitor} "
+            f"({direction} is better)"
+        )
+
+    def model_config(self, cfg, splits, pre=None) -> dict[str, Any]:
+        """config.json of the export: the model's name, the task, and the classes when they are known."""
+        info = splits.info
+        classes = {"num_classes": info.num_classes, "class_names": info.class_names} if info.num_classes else {}
+        return {"model": cfg.model, **classes, "dataset": cfg.dataset, **self.record()}
+
+
+def _numel(sample: Any) -> int:
+    if isinstance(sample, torch.Tensor):
+        return sample.numel()
+    if isinstance(sample, Mapping):
+        return sum(_numel(v) for v in sample.values())
+    if isinstance(sample, (tuple, list)):
+        return sum(_numel(v) for v in sample)
+    return 1
