@@ -73,6 +73,8 @@ def train(
 
     Under ``accelerate launch`` every process returns it (the same figures; accel_train itself prints its
     summary line once): print or save it on one, e.g. ``if os.environ.get("RANK", "0") == "0": print(summary)``.
+    A SIGTERM or SIGINT stops the run at a step boundary with a checkpoint, then ends the script with exit code
+    143 or 130 (``SystemExit``), as the signal would have: the scheduler sees it; ``resume="auto"`` continues.
 
     See the module docstring for what ``model`` and the datasets may be. ``class_names``: names of the
     classes (default: the dataset's ``classes``, or its label feature's names, or the indices). The other
@@ -104,9 +106,13 @@ def train(
         splits, classification = generic_splits(train_dataset, eval_dataset, cfg, class_names, _held_out)
         scores = Scores(metrics if metrics is not None else ["accuracy"] * classification, monitor, monitor_mode)
         task = GenericTask(classification, scores, collate_fn, loss_fn, predict_fn, cfg.seed)
-        return fit(cfg, model=model_instance or _built(model, cfg.seed), splits=splits, task=task)
-    splits = None if train_dataset is None else _splits(train_dataset, eval_dataset, cfg, class_names)
-    return fit(cfg, model=model_instance, splits=splits)
+        summary = fit(cfg, model=model_instance or _built(model, cfg.seed), splits=splits, task=task)
+    else:
+        splits = None if train_dataset is None else _splits(train_dataset, eval_dataset, cfg, class_names)
+        summary = fit(cfg, model=model_instance, splits=splits)
+    if summary.get("exit_code"):  # SIGTERM/SIGINT: stopped at a step boundary, checkpoint saved
+        raise SystemExit(summary["exit_code"])  # 143/130, as the signal would: a scheduler sees it and requeues
+    return summary
 
 
 # --------------------------------------------------------------------------- options and model

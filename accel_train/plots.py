@@ -132,7 +132,8 @@ def plot_curves(run_dir: str | os.PathLike, out: str | os.PathLike | None = None
     eval_acc = _series(evals, "eval_accuracy")
     train_acc = _series(train, "accuracy")
 
-    if not (train_loss[0] or eval_loss[0] or eval_acc[0] or train_acc[0]):
+    others = _other_metrics(evals) if not eval_acc[0] else {}  # a task scored otherwise: eval_f1, eval_mse, ...
+    if not (train_loss[0] or eval_loss[0] or eval_acc[0] or train_acc[0] or others):
         fig = new_figure(figsize=(7, 3.5))
         ax = fig.subplots()
         ax.set_axis_off()
@@ -157,6 +158,18 @@ def plot_curves(run_dir: str | os.PathLike, out: str | os.PathLike | None = None
     ax_loss.set_ylabel("loss")
     ax_loss.grid(True, alpha=0.3)
 
+    if others:
+        _plot_metrics(ax_acc, others)
+    else:
+        _plot_accuracy(ax_acc, train_acc, eval_acc)
+
+    fig.suptitle(title, fontsize=12)
+    fig.tight_layout()
+    return _save(fig, out)
+
+
+def _plot_accuracy(ax_acc, train_acc, eval_acc) -> None:
+    """The right panel of an image classifier's run: eval accuracy, and train accuracy lighter."""
     if train_acc[0]:
         ax_acc.plot(*train_acc, color="tab:blue", linewidth=1.0, alpha=0.45, label="train accuracy (batch)")
     if eval_acc[0]:
@@ -180,9 +193,23 @@ def plot_curves(run_dir: str | os.PathLike, out: str | os.PathLike | None = None
     ax_acc.set_ylabel("accuracy")
     ax_acc.grid(True, alpha=0.3)
 
-    fig.suptitle(title, fontsize=12)
-    fig.tight_layout()
-    return _save(fig, out)
+
+def _other_metrics(evals: list[dict]) -> dict[str, tuple[list[float], list[float]]]:
+    """The eval records' metrics other than loss and accuracy (the generic task's ``metrics=``), by key."""
+    skip = {"eval_loss", "eval_samples", "eval_accuracy"}
+    keys = dict.fromkeys(k for r in evals for k in r if k.startswith("eval_") and k not in skip and "_ema_" not in k)
+    return {k: series for k in keys if (series := _series(evals, k))[0]}
+
+
+def _plot_metrics(ax, series: dict[str, tuple[list[float], list[float]]]) -> None:
+    for key, (xs, ys) in series.items():
+        ax.plot(xs, ys, marker="o", markersize=4, linewidth=1.5, label=key)
+        ax.annotate(f"{ys[-1]:.4g}", xy=(xs[-1], ys[-1]), xytext=(-6, -14), textcoords="offset points", ha="right",
+                    fontsize=9)  # fmt: skip
+    ax.legend(loc="best")
+    ax.set_title("Eval metrics")
+    ax.set_xlabel("step")
+    ax.grid(True, alpha=0.3)
 
 
 def _check_runs(run_dirs: list[Path], labels: Sequence[str] | None) -> list[str]:

@@ -28,13 +28,12 @@ from accel_train.config import TrainConfig
 from accel_train.data.base import DatasetInfo
 from accel_train.data.pipeline import BatchPlan
 from accel_train.errors import NonFiniteLossError, peer_lost
-from accel_train.evaluation import best_note
 from accel_train.features import TrainFeatures
 from accel_train.fsio import write_json_atomic
 from accel_train.memorisation import check_memorised
 from accel_train.meters import StepTimer, Window, peak_memory_mb, reset_peak_memory
 from accel_train.optim import GradClipper
-from accel_train.run_dir import BEST, CONFUSION_JSON, CONFUSION_PNG, MODEL, MODEL_EMA, SUMMARY, RunDir
+from accel_train.run_dir import BEST, MODEL, MODEL_EMA, SUMMARY, RunDir
 from accel_train.runtime import Runtime, ignore_stop_signals
 from accel_train.tracking import TRACKER_RUNS, RunLogger, tracker_run_ids
 
@@ -454,14 +453,7 @@ class Trainer:
             "samples_seen": state.samples_seen,
             f"best_{self.task.monitor}": state.best_metric,
             "best_step": state.best_step,
-            **best_note(
-                state.best_step,
-                state.best_metric,
-                state.global_step,
-                self.run_dir / BEST,
-                self.task.monitor,
-                self.task.kind == "image",
-            ),  # fmt: skip
+            **self.task.best_note(state.best_step, state.best_metric, state.global_step, self.run_dir / BEST),
             "nonfinite_skipped": state.nonfinite_skipped,
             "fp16_skipped_steps": state.fp16_skipped_steps,
             "loss_scale": acc.scaler.get_scale() if acc.scaler is not None else None,
@@ -485,15 +477,12 @@ class Trainer:
     def _write_results(self, summary: dict[str, Any], confusion: torch.Tensor | None, open_window: dict | None) -> None:
         """The confusion matrix and plots, then summary.json, last: it marks the run finished (``--resume auto``
         then touches nothing), so a run killed before it is finished again, not left without its plots."""
-        out, names = self.run_dir.path, self.info.class_names
-        if confusion is not None:  # a classifier of images
-            write_json_atomic(out / CONFUSION_JSON, {"class_names": names, "matrix": confusion.tolist()}, "confusion")
+        out = self.run_dir.path
+        self.task.write_results(out, confusion, self.info.class_names, self.cfg.plots)  # images: the confusion
         if self.cfg.plots:
-            from accel_train.plots import plot_confusion_matrix, plot_curves
+            from accel_train.plots import plot_curves
 
             plot_curves(out)
-            if confusion is not None:
-                plot_confusion_matrix(confusion.numpy(), names, out / CONFUSION_PNG)
         summary.update(check_memorised(self.run_dir.metrics, self.meta["resolved"], self.cfg.pretrained, open_window))
         write_json_atomic(out / SUMMARY, summary, "the run summary")
         self.run_dir.commit_replace()

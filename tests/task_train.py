@@ -8,7 +8,10 @@ on the sentences, nothing downloaded; dropout on, attention through scaled_dot_p
 MLP regression with dropout); variant ``sgd`` (global batch 16; no attention dropout), ``bitwise`` (--bitwise,
 micro-batch 8, global batch 16: 1 x 2 on one process, 2 x 1 on two), ``stop`` (stop at step 5) and ``resume``
 (resume it),
-``straight`` (the same run without a stop). Each case writes OUT/<case>; ``key=value`` options go to every run.
+``straight`` (the same run without a stop), ``auto`` (--max-device-batch auto), ``tb`` (TensorBoard, plots, early
+stopping), ``long``/``term``/``termresume`` (30 steps: straight, to be stopped by a signal, resumed; with
+TASK_STEP_SLEEP_S the regressor's training forward sleeps that long). Each case writes OUT/<case>; ``key=value``
+options go to every run.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import shutil
 import statistics
 import string
 import sys
+import time
 
 import torch
 from torch import nn
@@ -61,7 +65,7 @@ def text_data(attention_dropout: float = 0.1):
     data = raw.map(lambda b: tokenizer(b["text"], truncation=True, max_length=24), batched=True,
                    remove_columns=["text"])  # fmt: skip
     data.set_format("torch")
-    split = data.train_test_split(test_size=0.25, seed=0)
+    split = data.train_test_split(test_size=81, seed=0)  # 81: two processes' blocks are 40 and 41
     config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=32, num_labels=2, hidden_dropout_prob=0.1,
                         attention_probs_dropout_prob=attention_dropout)  # fmt: skip
@@ -78,6 +82,8 @@ class Regressor(nn.Module):
         self.net = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 1))
 
     def forward(self, x):
+        if os.environ.get("TASK_STEP_SLEEP_S") and self.training:  # slow enough for a signal to land mid-run
+            time.sleep(float(os.environ["TASK_STEP_SLEEP_S"]))
         return self.net(x)
 
 
@@ -94,7 +100,13 @@ VARIANTS = {
     "stop": {"stop_at_step": 5, "checkpoint_every": 5},
     "resume": {"resume": "auto", "checkpoint_every": 5},
     "straight": {"checkpoint_every": 5},
+    "auto": {"max_device_batch": "auto"},
+    "tb": {"report_to": "tensorboard", "plots": True, "early_stop_patience": 1},
+    "long": {"max_steps": 30, "checkpoint_every": 5},  # what a SIGTERM'd run and its resume must equal
+    "term": {"max_steps": 30, "checkpoint_every": 5},
+    "termresume": {"max_steps": 30, "checkpoint_every": 5, "resume": "auto"},
 }
+SAME_FOLDER = {"resume": "stop", "termresume": "term"}  # a resume continues the run in that case's folder
 
 
 def run(out: str, case: str, extra: dict) -> dict:
@@ -107,7 +119,7 @@ def run(out: str, case: str, extra: dict) -> dict:
                    report_to="none", progress=False, plots=False, seed=3)  # fmt: skip
     options.update(VARIANTS[variant])
     options.update(extra)
-    folder = os.path.join(out, case if variant != "resume" else f"{task}-stop")
+    folder = os.path.join(out, f"{task}-{SAME_FOLDER.get(variant, variant)}")
     return accel_train.train(build, train, test, collate_fn=collate, metrics=metrics, output_dir=folder, **options)
 
 

@@ -31,6 +31,7 @@ from torch.utils.data import Subset, default_collate
 
 from accel_train.data.pipeline import make_loader
 from accel_train.errors import UserError
+from accel_train.evaluation import best_note
 from accel_train.tasks.scores import Scores
 
 LABEL_KEYS = ("labels", "label", "target", "targets")
@@ -248,8 +249,14 @@ class GenericTask:
         return out
 
     # ---- records -----------------------------------------------------------------------------------------
+    def write_results(self, out, confusion, class_names, plots: bool) -> None:
+        """(No confusion matrix: the metrics are in metrics.jsonl and summary.json.)"""
+
     def summary(self, final: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in final.items() if k.startswith("eval_") and k != "eval_samples" and "_ema_" not in k}
+
+    def best_note(self, best_step: int | None, best: float | None, final_step: int, folder) -> dict[str, str]:
+        return best_note(best_step, best, final_step, folder, self.monitor, images=False)
 
     def result_line(self, summary: dict[str, Any]) -> str:
         keys = [self.monitor] + ["eval_loss"] * (self.monitor != "eval_loss")

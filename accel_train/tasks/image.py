@@ -4,13 +4,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from accel_train.data.pipeline import BatchNormalizer, make_loader
-from accel_train.evaluation import evaluate_model
+from accel_train.evaluation import best_note, evaluate_model
+from accel_train.fsio import write_json_atomic
 from accel_train.preprocess import describe_training_images
+from accel_train.run_dir import CONFUSION_JSON, CONFUSION_PNG
 
 
 class ImageTask:
@@ -62,8 +65,22 @@ class ImageTask:
         return {"eval_accuracy": final["eval_accuracy"], "eval_loss": final["eval_loss"]}
 
     @staticmethod
+    def best_note(best_step: int | None, best: float | None, final_step: int, folder: Path) -> dict[str, str]:
+        return best_note(best_step, best, final_step, folder)
+
+    @staticmethod
     def result_line(summary: dict[str, Any]) -> str:
         return f"eval_accuracy {summary['eval_accuracy']:.4f} | eval_loss {summary['eval_loss']:.4f}"
+
+    @staticmethod
+    def write_results(out: Path, confusion: torch.Tensor, class_names: list[str], plots: bool) -> None:
+        """The run's confusion matrix: confusion.json, and its picture with --plots."""
+        matrix = {"class_names": class_names, "matrix": confusion.tolist()}
+        write_json_atomic(out / CONFUSION_JSON, matrix, "the confusion matrix")
+        if plots:
+            from accel_train.plots import plot_confusion_matrix
+
+            plot_confusion_matrix(confusion.numpy(), class_names, out / CONFUSION_PNG)
 
     @staticmethod
     def record() -> None:

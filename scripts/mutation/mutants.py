@@ -10,6 +10,7 @@ from pathlib import Path
 from mutation.base import PACKAGE, PROMISES, CheckError, Mutant, _m
 from mutation.data_mutants import DATA_MUTANTS
 from mutation.defaults_mutants import DEFAULTS_MUTANTS
+from mutation.tasks_mutants import TASKS_MUTANTS
 
 __all__ = [
     "DATA_MUTANTS",
@@ -17,6 +18,7 @@ __all__ = [
     "MUTANTS",
     "PACKAGE",
     "PROMISES",
+    "TASKS_MUTANTS",
     "CheckError",
     "Mutant",
     "load_mutants",
@@ -307,6 +309,7 @@ MUTANTS: tuple[Mutant, ...] = (
 # fmt: on
 MUTANTS += DATA_MUTANTS  # data_mutants.py: the data modules' part of the list
 MUTANTS += DEFAULTS_MUTANTS  # defaults_mutants.py: the defaults for your own data (issue 50)
+MUTANTS += TASKS_MUTANTS  # tasks_mutants.py: the task layer, any model on any task (issue 51)
 
 
 # ---- the mutant list -------------------------------------------------------------------------------------------------
