@@ -105,6 +105,7 @@ VARIANTS = {
     "long": {"max_steps": 30, "checkpoint_every": 5},  # what a SIGTERM'd run and its resume must equal
     "term": {"max_steps": 30, "checkpoint_every": 5},
     "termresume": {"max_steps": 30, "checkpoint_every": 5, "resume": "auto"},
+    "ranksdiffer": {},
 }
 SAME_FOLDER = {"resume": "stop", "termresume": "term"}  # a resume continues the run in that case's folder
 
@@ -114,6 +115,9 @@ def run(out: str, case: str, extra: dict) -> dict:
     # sgd: attention dropout off (scaled_dot_product_attention draws it per micro-batch, which differs between
     # 16 on one process and 8 on two); nn.Dropout stays on, keyed on each sample
     train, test, collate, build = text_data(0.0 if variant == "sgd" else 0.1) if task == "text" else reg_data()
+    if variant == "ranksdiffer":  # a user's split drawn from each process's own generator: other data per rank
+        g = torch.Generator().manual_seed(int(os.environ.get("RANK", "0")))
+        train, _ = torch.utils.data.random_split(train, [len(train) - 10, 10], generator=g)
     metrics = ["accuracy", "f1"] if task == "text" else ["mse", "mae"]
     options = dict(optimizer="sgd", lr=0.05, momentum=0.9, global_batch_size=16, max_steps=12, eval_every=6,
                    report_to="none", progress=False, plots=False, seed=3)  # fmt: skip

@@ -379,9 +379,12 @@ def check_same_data(acc, splits: DataSplits) -> None:
     if not others:
         return
     if seen[others[0]][0] != seen[0][0]:
+        what = splits.extra.get("data_kind", "files")  # accel_train.train's own datasets: "samples"
+        fix = "build the same datasets on every process (a split seeded the same)" if what == "samples" else (
+            "give every machine the same copy of the data")  # fmt: skip
         raise UserError(
-            f"{info.name}: process(es) {', '.join(map(str, others))} see other files than process 0 "
-            f"(index {seen[others[0]][0]} vs {seen[0][0]}); give every machine the same copy of the data"
+            f"{info.name}: process(es) {', '.join(map(str, others))} see other {what} than process 0 "
+            f"(digest {seen[others[0]][0]} vs {seen[0][0]}); {fix}"
         )
     raise UserError(
         f"{info.name}: process(es) {', '.join(map(str, others))} read other images than process 0 from the same "

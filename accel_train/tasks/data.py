@@ -90,9 +90,13 @@ def generic_splits(train: Any, test: Any, cfg, class_names: list[str] | None, he
     classification = not is_float_label(label)
     if test is None:
         train, test = held_out(train, cfg.val_split, cfg.seed)
+    if not hasattr(test, "__len__") or not hasattr(test, "__getitem__") or len(test) == 0:
+        raise UserError("eval_dataset must be a non-empty map-style dataset (with __len__ and __getitem__)")
     names = _class_names(train.dataset if isinstance(train, Subset) else train, classification, class_names)
     info = DatasetInfo("custom", len(names), 0, 0, names, (), ())
-    extra = {"identity": Identity("samples", {"train": _part(train, names), "test": _part(test, names)})}
+    identity = Identity("samples", {"train": _part(train, names), "test": _part(test, names)})
+    # every process must hold the same samples (a split drawn without a seed would differ): checked as files are
+    extra = {"identity": identity, "index_digest": identity.digest, "data_kind": "samples"}
     return DataSplits(train, test, info, in_memory=False, extra=extra), classification
 
 

@@ -146,6 +146,8 @@ class GenericTask:
                             drop_to_multiple_of=global_batch, num_workers=workers, pin_memory=pin[0])  # fmt: skip
         n, rank, world = len(splits.test), acc.process_index, acc.num_processes
         block = Subset(splits.test, range(n * rank // world, n * (rank + 1) // world))
+        if not len(block):  # fewer eval samples than processes: this rank scores none
+            return train, []
         evals = make_loader(block, eval_batch, shuffle=False, seed=seed, collate=self.collate, num_workers=workers,
                             pin_memory=pin[1])  # fmt: skip
         return train, evals

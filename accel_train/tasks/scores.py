@@ -7,8 +7,8 @@ then, in one line. A callable is called as ``fn(predictions, references)`` with 
 number or a dict of numbers. Each number is logged as ``eval_<name>``.
 
 ``monitor``: the key best/ and early stopping follow (default: the first metric's, else ``eval_loss``); lower
-is better for losses and errors (``loss``, ``mse``, ``rmse``, ``mae``, ``error``, ...), higher for the rest,
-unless ``monitor_mode`` says ``"min"`` or ``"max"``.
+is better when a word of the key (split at ``_``) names a loss or an error (``loss``, ``mse``, ``rmse``, ``mae``,
+``error``, ...: ``LOWER_IS_BETTER``), higher for the rest, unless ``monitor_mode`` says ``"min"`` or ``"max"``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import torch
 
 from accel_train.errors import UserError
 
-LOWER_IS_BETTER = ("loss", "mse", "rmse", "mae", "error", "perplexity", "wer", "cer")
+LOWER_IS_BETTER = ("loss", "mse", "rmse", "msle", "rmsle", "mae", "mape", "smape", "error", "perplexity", "wer", "cer",
+                   "ter", "brier")  # words of a key (split at "_"): eval_answer_f1 has none of them  # fmt: skip
 
 
 def _load(name: str):
@@ -49,7 +50,7 @@ class Scores:
         self.monitor = _key(monitor) if monitor else (f"eval_{self.metrics[0][0]}" if self.metrics else "eval_loss")
         if monitor_mode not in (None, "min", "max"):
             raise UserError(f"monitor_mode must be 'min' or 'max', not {monitor_mode!r}")
-        lower = any(word in self.monitor for word in LOWER_IS_BETTER)
+        lower = any(word in LOWER_IS_BETTER for word in self.monitor.lower().split("_"))
         self.higher = monitor_mode == "max" if monitor_mode else not lower
         self._keys: list[str] | None = None
 

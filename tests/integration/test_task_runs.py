@@ -232,3 +232,12 @@ def test_regression_example_runs_on_two_processes(tmp_path):
     assert s["world_size"] == 2 and s["eval_samples"] == 92
     assert s["eval_r_squared"] > 0.3  # the diabetes data: a linear model reaches about 0.5
     assert os.path.isfile(tmp_path / "runs" / "regression" / "best" / "model.safetensors")
+
+
+def test_processes_that_hold_other_samples_are_refused_in_one_line(tmp_path):
+    """A split drawn on each process from its own generator: every rank would train and score other samples."""
+    cmd = launch_cmd(SCRIPT, str(tmp_path), "reg-ranksdiffer", config="multi_cpu.yaml")
+    proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    assert "process(es) 1 see other samples than process 0" in proc.stdout + proc.stderr
+    assert not (tmp_path / "reg-ranksdiffer" / "checkpoints").exists()

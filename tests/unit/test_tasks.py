@@ -19,7 +19,6 @@ from torch.utils.data import Dataset, Subset, TensorDataset
 
 from accel_train.data.base import DatasetInfo, DataSplits
 from accel_train.data.identity import changes
-from accel_train.errors import UserError
 from accel_train.evaluation import best_note
 from accel_train.features.early_stop import EarlyStopping
 from accel_train.tasks import GenericTask, ImageTask, check_resumed_task, refuse_image_options
@@ -241,7 +240,6 @@ def test_the_eval_blocks_of_the_ranks_hold_every_sample_once_in_order(n, world):
     assert max(map(len, blocks)) - min(map(len, blocks)) <= 1  # balanced
 
 
-@pytest.mark.xfail(strict=True, raises=UserError, reason="bug: make_loader refuses an empty eval block")
 @pytest.mark.parametrize("n, world", [(0, 1), (1, 2), (1, 3), (2, 3)])
 def test_an_eval_set_smaller_than_the_ranks_leaves_a_rank_an_empty_block(n, world):
     """A rank with no eval sample is given an empty loader (GenericTask.evaluate handles an empty block)."""
