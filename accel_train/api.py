@@ -23,6 +23,14 @@ tensors, or floats in [0, 1] (``ToTensor()``), as [C, H, W], [H, W, C] or [H, W]
 [C, S, S] and each batch is normalised on the device with the training set's mean/std, so leave
 ``Normalize`` out. Labels are class indices. Without ``eval_dataset``, ``val_split`` of the training
 set is held out.
+
+Any task (text, regression, ...; ``docs/tasks.md``, :mod:`accel_train.tasks`): samples that are not images with
+class labels (a dict without an image key, feature vectors, float targets), or any of ``collate_fn``,
+``loss_fn``, ``metrics``, ``predict_fn``, ``monitor``, ``monitor_mode``, train your ``nn.Module`` (or a class or
+function called with no arguments, seeded) on the batches as they come: ``model(**batch)`` for a dict,
+``model(inputs)`` for ``(inputs, target)``; the loss is ``loss_fn(outputs, batch)``, the model's own
+``outputs.loss``, or cross-entropy / MSE; ``metrics`` are ``evaluate`` names or callables, logged as
+``eval_<name>``; best/ and early stopping follow ``monitor``.
 """
 
 from __future__ import annotations
