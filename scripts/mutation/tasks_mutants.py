@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from mutation.base import Mutant, _m
 
-T = "tests/unit/test_tasks.py"
+T = "tests/integration/test_task_layer.py"
 EVAL, BEST, TRUST, RESUME, OWN = (
     "distributed evaluation", "best and early stopping", "data you can trust", "resume state", "your own data",
 )  # fmt: skip

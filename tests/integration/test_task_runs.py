@@ -2,7 +2,7 @@
 tokenized ``datasets.Dataset``) and a regression keep every guarantee, through real processes (gloo on CPU).
 
 Two launches of tests/task_train.py run every case (one process, then two under multi_cpu.yaml); the tests compare
-what they wrote. The unit tests of the task layer are in ../unit/test_tasks.py.
+what they wrote. The unit tests of the task layer are in test_task_layer.py.
 """
 
 from __future__ import annotations
