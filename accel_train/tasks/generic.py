@@ -92,19 +92,20 @@ def _own_loss(outputs: Any) -> torch.Tensor | None:
 
 
 @contextmanager
-def keyed_rng(seed: int, epoch: int, indices: torch.Tensor, device: torch.device):
+def keyed_rng(seed: int, epoch: int, indices: torch.Tensor, device: torch.device, check: bool = True):
     """torch's generators seeded from ``(seed, epoch, indices)`` inside, restored after; yields a list that holds,
-    after the block, whether the block drew from them."""
+    after the block, whether the block drew from them (``check``; else it stays empty: no copies of the states)."""
     key = hashlib.sha256(f"{seed}:{epoch}:".encode() + indices.detach().cpu().numpy().tobytes()).digest()
     devices = [device] if device.type == "cuda" else []
     drew: list[bool] = []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(int.from_bytes(key[:8], "little") & (2**63 - 1))
-        seeded = _states(devices)
+        seeded = _states(devices) if check else None
         try:
             yield drew
         finally:  # before fork_rng puts the outer states back
-            drew.append(not all(torch.equal(a, b) for a, b in zip(seeded, _states(devices), strict=True)))
+            if seeded is not None:
+                drew.append(not all(torch.equal(a, b) for a, b in zip(seeded, _states(devices), strict=True)))
 
 
 def _states(devices: list[torch.device]) -> list[torch.Tensor]:
@@ -156,9 +157,10 @@ class GenericTask:
     def forward(self, features, model, batch, labels: torch.Tensor, indices: torch.Tensor, epoch: int):
         """``(outputs, loss)`` of one training micro-batch (randomness keyed on it)."""
         keys = features.dropout.batch(epoch, indices) if features.dropout is not None else nullcontext()
-        with keyed_rng(self.seed, epoch, indices, labels.device) as drew, keys:
+        check = not self._draws_checked  # the first step only: later ones do not copy the generators' states
+        with keyed_rng(self.seed, epoch, indices, labels.device, check) as drew, keys:
             outputs = call(model, batch)
-        if not self._draws_checked:
+        if check:
             self._draws_checked = True
             if drew[0]:
                 self.say(DRAWS_NOTE)
