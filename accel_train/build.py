@@ -98,17 +98,9 @@ def build_trainer(
     state = _resume(cfg, rt, resume_path, scheduler, plan, total_steps, feats) if resume_path else TrainState()
     _open_run_folder(cfg, rt, run_dir, resume_path, resolved, ident)
     resumed = f"; resumed from {resume_path} at step {state.global_step}" if resume_path else ""
-    _announce(cfg, rt, splits, f"{plan.describe()}; lr {lr:g}; {total_steps} steps ({steps_per_epoch}/epoch){resumed}")
-    if picked:
-        rt.print(f"accel_train: {picked.describe(cfg.epochs, steps_per_epoch)}")
-    if task.kind != "image":
-        rt.print(f"accel_train: task: {task.describe()}")
-    eval_lines_every = cfg.log_every if cfg.eval_every == 0 else 1  # evaluations asked for by steps: every line
-    logger = RunLogger(
-        acc, run_dir.metrics, total_steps, state.global_step, cfg.progress, cfg.report_to != "none", eval_lines_every
-    )
-    window = Window(acc.device)
-    window.restore(state.extra.get("log_window"), acc.is_main_process)
+    plan_line = f"{plan.describe()}; lr {lr:g}; {total_steps} steps ({steps_per_epoch}/epoch){resumed}"
+    _announce(cfg, rt, splits, plan_line, picked.describe(cfg.epochs, steps_per_epoch) if picked else None, task)
+    logger, window = _logging(cfg, acc, run_dir, total_steps, state)
     if resume_path is not None:
         logger.event("resume", state.global_step, state.epoch, path=str(resume_path), changed=resume_changes or {})
     return Trainer(
@@ -149,8 +141,20 @@ def _bitwise(cfg: TrainConfig, rt: Runtime, model, plan: BatchPlan):
     return BitwiseStep(rt.accelerator, model, plan.accum_steps)
 
 
-def _announce(cfg: TrainConfig, rt: Runtime, splits: DataSplits, plan_line: str) -> None:
-    """The run's header: what trains on what, on which setup, with which batch, LR and length."""
+def _logging(cfg: TrainConfig, acc, run_dir: RunDir, total_steps: int, state: TrainState) -> tuple[RunLogger, Window]:
+    """The run's logger (metrics.jsonl, progress bar, trackers) and its loss window, restored on a resume."""
+    eval_lines_every = cfg.log_every if cfg.eval_every == 0 else 1  # evaluations asked for by steps: every line
+    logger = RunLogger(
+        acc, run_dir.metrics, total_steps, state.global_step, cfg.progress, cfg.report_to != "none", eval_lines_every
+    )
+    window = Window(acc.device)
+    window.restore(state.extra.get("log_window"), acc.is_main_process)
+    return logger, window
+
+
+def _announce(cfg: TrainConfig, rt: Runtime, splits: DataSplits, plan_line: str, picked: str | None, task) -> None:
+    """The run's header: what trains on what, on which setup, with which batch, LR and length; the defaults chosen
+    for the data (``picked``, None when none were), the task when it is not an image classification."""
     acc = rt.accelerator
     rt.print(  # before the progress bar exists, so the header does not end up on the bar's line
         f"accel_train: {cfg.model} on {cfg.dataset} ({len(splits.train)} train / {len(splits.test)} test) | "
@@ -161,6 +165,10 @@ def _announce(cfg: TrainConfig, rt: Runtime, splits: DataSplits, plan_line: str)
     bf16_note = bf16_cpu_note(acc.mixed_precision, acc.device.type)
     if bf16_note:
         rt.print(f"accel_train: bf16 on CPU: {bf16_note}")
+    if picked:
+        rt.print(f"accel_train: {picked}")
+    if task.kind != "image":
+        rt.print(f"accel_train: task: {task.describe()}")
 
 
 def _with_defaults(cfg: TrainConfig, fresh: bool) -> tuple[TrainConfig, Defaults]:
