@@ -29,6 +29,7 @@ from accel_train.data.base import DatasetInfo
 from accel_train.data.pipeline import BatchPlan
 from accel_train.errors import NonFiniteLossError, peer_lost
 from accel_train.features import TrainFeatures
+from accel_train.features.early_stop import improves
 from accel_train.fsio import write_json_atomic
 from accel_train.memorisation import check_memorised
 from accel_train.meters import StepTimer, Window, peak_memory_mb, reset_peak_memory
@@ -394,7 +395,7 @@ class Trainer:
         self.logger.log("eval", state.global_step, self._step_epoch(), values)
         state.last_eval_step = state.global_step
         value, best = result[self.task.monitor], state.best_metric  # eval_accuracy for images
-        if best is None or (value > best if self.task.higher else value < best):
+        if improves(value, best, self.task.higher):
             state.best_metric, state.best_step = value, state.global_step
             self.export(self.run_dir / BEST)
 

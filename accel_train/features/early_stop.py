@@ -19,6 +19,12 @@ from accel_train.errors import CheckpointError
 KEY = "early_stop"
 
 
+def improves(value: float, best: float | None, higher: bool, by: float = 0.0) -> bool:
+    """Whether ``value`` beats ``best`` (None: nothing yet) by more than ``by``, in the monitor's direction: the one
+    rule best/ (the trainer) and early stopping both follow."""
+    return best is None or (value > best + by if higher else value < best - by)
+
+
 @dataclass
 class EarlyStopping:
     patience: int
@@ -35,10 +41,7 @@ class EarlyStopping:
         if step == self.last_step:
             return self.reason()
         self.last_step = step
-        better = self.best is None or (
-            value > self.best + self.min_delta if self.higher else value < self.best - self.min_delta
-        )
-        if better:
+        if improves(value, self.best, self.higher, self.min_delta):
             self.best, self.best_step, self.bad_evals = value, step, 0
         else:
             self.bad_evals += 1
