@@ -64,7 +64,7 @@ def version(name):
         return "not installed"
 
 names = ["torch", "torchvision", "accelerate", "datasets", "evaluate", "pyyaml", "pytest", "safetensors", "numpy",
-         "pytest-xdist", "mlflow-skinny", "tensorboard", "matplotlib", "scikit-learn", "huggingface-hub", "pandas"]
+         "pytest-xdist", "mlflow-skinny", "tensorboard", "matplotlib", "scikit-learn", "huggingface-hub", "pandas", "transformers", "tokenizers"]
 print("== versions: " + ", ".join(f"{n} {version(n)}" for n in names))
 PY
 echo "== python3 -m pytest $*"
