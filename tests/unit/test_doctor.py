@@ -571,14 +571,9 @@ def _started_by_accelerate(config: Path, launch_args: tuple, monkeypatch) -> dic
 
     started: dict = {}
 
-    class Started:
-        returncode = 0
-
-        def __init__(self, cmd, env=None, **kw):
-            started.update(launcher="simple", nproc_per_node=1, nnodes=1, cmd=cmd, env=dict(env or {}))
-
-        def wait(self):
-            return 0
+    def simple(args):  # accelerate's own command and environment for one process, whichever way it then starts it
+        cmd, env = cli.prepare_simple_launcher_cmd_env(args)
+        started.update(launcher="simple", nproc_per_node=1, nnodes=1, cmd=cmd, env=dict(env))
 
     def torchrun(args):
         nnodes = int(str(args.nnodes).split(":")[-1])
@@ -586,7 +581,7 @@ def _started_by_accelerate(config: Path, launch_args: tuple, monkeypatch) -> dic
             launcher="torchrun", nproc_per_node=int(args.nproc_per_node), nnodes=nnodes, env=dict(os.environ)
         )
 
-    monkeypatch.setattr(cli.subprocess, "Popen", Started)
+    monkeypatch.setattr(cli, "simple_launcher", simple)
     monkeypatch.setattr(distrib_run, "run", torchrun)
     monkeypatch.setattr(cli, "check_cuda_p2p_ib_support", lambda: True)
     monkeypatch.setattr("accelerate.utils.launch.is_port_in_use", lambda port: False)
