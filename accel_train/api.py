@@ -112,7 +112,8 @@ def train(
 
     if generic:
         splits, classification = generic_splits(train_dataset, eval_dataset, cfg, class_names, _held_out)
-        scores = Scores(metrics if metrics is not None else ["accuracy"] * classification, monitor, monitor_mode)
+        shipped = metrics if metrics is not None else ["accuracy"] * classification
+        scores = Scores(shipped, monitor, monitor_mode, num_classes=splits.info.num_classes)
         task = GenericTask(classification, scores, collate_fn, loss_fn, predict_fn, cfg.seed)
         summary = fit(cfg, model=model_instance or _built(model, cfg.seed), splits=splits, task=task)
     else:

@@ -376,6 +376,7 @@ def _prepare(
     sizes = (plan.micro_batch, eval_batch, cfg.seed, plan.global_batch)
     train_dl, eval_dl = task.loaders(splits, *sizes, acc, workers, pin)
     task.ready(info, backends.channels_last, rt.print)  # images: their normalisation, in the model's layout
+    task.check(acc, model, eval_dl)  # any task: one eval batch through the model and the metrics, before the run
     chosen = {**dataclasses.asdict(backends), "data_on_device": splits.train in on_device}
     if not task.eval_prepared:  # the task's own block of the eval set on each rank
         return (*acc.prepare(model, optimizer, train_dl), eval_dl, chosen, plan, features)

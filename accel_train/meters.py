@@ -32,10 +32,14 @@ class Window:
         self.sums = torch.zeros(3, device=device, dtype=torch.float64)  # loss*n, correct, n
         self._loss, self._correct, self._n = self.sums.unbind()  # views: added to in place, no stack per step
 
-    def add(self, loss: torch.Tensor, correct: torch.Tensor, n: int, finite_only: bool) -> None:
-        """One micro-batch: its mean ``loss``, its ``correct`` predictions (a device tensor) of ``n`` samples."""
+    def add(self, loss: torch.Tensor, correct: torch.Tensor, n: int | torch.Tensor, finite_only: bool) -> None:
+        """One micro-batch: its mean ``loss``, its ``correct`` predictions (a device tensor) of ``n`` samples (or
+        labelled tokens: a device tensor, counted without a host sync)."""
         if not finite_only:  # three in-place adds: the fewest kernels a step pays for its logged loss and accuracy
-            self._loss.add_(loss.detach(), alpha=n)
+            if isinstance(n, torch.Tensor):
+                self._loss.add_(loss.detach().double() * n)
+            else:
+                self._loss.add_(loss.detach(), alpha=n)
             self._correct.add_(correct)
             self._n.add_(n)
             return

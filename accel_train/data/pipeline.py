@@ -17,10 +17,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
+import random
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
 
@@ -128,6 +132,7 @@ def make_loader(
     pin_memory: bool = False,
     with_indices: bool = False,
     collate: Callable = collate_batch,
+    keyed_seed: int | None = None,
 ) -> DataLoader:
     """A DataLoader whose own generator keeps iterator creation off the global RNG.
 
@@ -135,6 +140,9 @@ def make_loader(
     which would shift dropout after a mid-epoch resume.) ``with_indices``: batches are
     ``(images, labels, indices)``, see :class:`WithIndices`. ``collate``: a list of samples to
     ``(inputs, labels)`` (default: images; the generic task's collate: ``accel_train.tasks.generic``).
+    ``keyed_seed`` (with ``with_indices``): each batch is read and collated with the host's generators seeded
+    from ``(keyed_seed, its samples' indices)``, so random draws in a dataset's ``__getitem__`` or a collate
+    (random masking) are the same on any number of processes at the same micro-batch, and after a resume.
     """
     if len(dataset) < drop_to_multiple_of:
         raise UserError(
@@ -148,7 +156,7 @@ def make_loader(
     )
     workers = dict(persistent_workers=True, prefetch_factor=4) if num_workers > 0 else {}
     return DataLoader(
-        WithIndices(dataset, collate) if with_indices else dataset,
+        WithIndices(dataset, collate, keyed_seed) if with_indices else dataset,
         batch_sampler=BatchSampler(sampler, batch_size, drop_last=shuffle),
         collate_fn=_batch_as_built if with_indices else collate,
         num_workers=num_workers,
@@ -166,16 +174,35 @@ class WithIndices(Dataset):
     sample, whichever process and micro-batch it lands in (``accel_train.features``).
     """
 
-    def __init__(self, dataset, collate: Callable = collate_batch):
-        self.dataset, self.collate = dataset, collate
+    def __init__(self, dataset, collate: Callable = collate_batch, keyed_seed: int | None = None):
+        self.dataset, self.collate, self.keyed_seed = dataset, collate, keyed_seed
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitems__(self, indices: Sequence[int]):
         getitems = getattr(self.dataset, "__getitems__", None)
-        inputs, labels = self.collate(getitems(indices) if getitems else [self.dataset[i] for i in indices])
+        key = f"{self.keyed_seed}:{list(indices)}".encode() if self.keyed_seed is not None else None
+        with seeded_from(key) if key is not None else nullcontext():
+            inputs, labels = self.collate(getitems(indices) if getitems else [self.dataset[i] for i in indices])
         return inputs, labels, _index_tensor(indices, labels.device)
+
+
+@contextmanager
+def seeded_from(key: bytes):
+    """torch's CPU generator, numpy's and Python's global ones seeded from ``key`` inside, put back after (CUDA's
+    are left alone: reading data draws on the host)."""
+    seed = int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & (2**63 - 1)
+    py_state, np_state, torch_state = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    torch.random.default_generator.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    try:
+        yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        torch.random.set_rng_state(torch_state)
 
 
 def _batch_as_built(batch):

@@ -11,6 +11,7 @@ uninterrupted one. The decision is made from the gathered figure, the same numbe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +22,11 @@ KEY = "early_stop"
 
 def improves(value: float, best: float | None, higher: bool, by: float = 0.0) -> bool:
     """Whether ``value`` beats ``best`` (None: nothing yet) by more than ``by``, in the monitor's direction: the one
-    rule best/ (the trainer) and early stopping both follow."""
-    return best is None or (value > best + by if higher else value < best - by)
+    rule best/ (the trainer) and early stopping both follow. A value that is not finite (a metric undefined at
+    an early evaluation: NaN) never does; any finite value beats such a best."""
+    if not math.isfinite(value):
+        return False
+    return best is None or not math.isfinite(best) or (value > best + by if higher else value < best - by)
 
 
 @dataclass

@@ -19,6 +19,7 @@ from torch.utils.data import Subset, TensorDataset
 
 from accel_train.data.base import DatasetInfo, DataSplits
 from accel_train.data.identity import Identity, Part, _hasher, hf_part
+from accel_train.data.pipeline import seeded_from
 from accel_train.errors import UserError
 from accel_train.tasks.generic import LABEL_KEYS
 
@@ -106,16 +107,32 @@ def _part(data: Any, names: list[str]) -> Part:
     base = data.dataset if isinstance(data, Subset) else data
     if hasattr(base, "_fingerprint") and hasattr(base, "cache_files"):
         part = hf_part(base, names) if base.cache_files else _table_part(base)
+        if (getattr(base, "format", None) or {}).get("type") == "custom":  # with_transform: what it returns too
+            part = _joined(part, _samples_part(base))
         if base is data:
             return part
         h = _hasher()
         h.update(part.digest.encode() + np.asarray(data.indices, dtype=np.int64).tobytes())
         return Part(h.hexdigest()[:16], {**part.summary, "rows": len(data)})
+    return _samples_part(data)
+
+
+def _samples_part(data: Any) -> Part:
+    """A hash of the samples as the dataset returns them (up to ``MAX_HASHED``, evenly spaced), read with the
+    host's generators seeded: a ``__getitem__`` that draws (random jitter) hashes the same on every process and
+    attempt."""
     h, n = _hasher(), len(data)
     positions = range(n) if n <= MAX_HASHED else np.linspace(0, n - 1, MAX_HASHED).astype(np.int64).tolist()
-    for i in positions:
-        _feed(h, data[int(i)])
+    with seeded_from(b"accel_train identity"):
+        for i in positions:
+            _feed(h, data[int(i)])
     return Part(h.hexdigest()[:16], {"rows": n, "hashed": len(positions)})
+
+
+def _joined(part: Part, samples: Part) -> Part:
+    h = _hasher()
+    h.update(f"{part.digest}:{samples.digest}".encode())
+    return Part(h.hexdigest()[:16], {**part.summary, "transformed": samples.summary["hashed"]})
 
 
 def _table_part(data: Any) -> Part:

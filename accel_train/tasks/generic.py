@@ -40,7 +40,13 @@ DRAWS_NOTE = (
     "dropout, say): they are keyed on each micro-batch, so runs at the same micro-batch (--max-device-batch N, as "
     "--bitwise takes) draw the same ones on any setup and after a resume; at another micro-batch they differ"
 )
+TOKENS_NOTE = (
+    "accel_train: note: the labels are per position ([batch, tokens]): the loss is a mean over each micro-batch's "
+    "labelled tokens, so 1 and N processes (or accumulation steps) give the same weights only when every "
+    "micro-batch holds as many labelled tokens; pass loss_fn= to weigh them otherwise"
+)
 PROBE_SCAN = 1024  # samples measured to pick the largest ones for --max-device-batch auto
+IGNORE = -100  # a label the loss and the metrics leave out (padding, a token not to score)
 
 
 def labels_of(batch: Any) -> torch.Tensor:
@@ -71,13 +77,22 @@ def call(model, batch: Any):
     return model(*batch[:-1])
 
 
+def _tuple_loss(outputs: Any) -> bool:
+    """Whether ``outputs`` is ``(loss, logits, ...)``: a Hugging Face model's with ``return_dict=False``."""
+    return (
+        isinstance(outputs, (tuple, list)) and len(outputs) > 1
+        and isinstance(outputs[0], torch.Tensor) and outputs[0].dim() == 0 and isinstance(outputs[1], torch.Tensor)
+    )  # fmt: skip
+
+
 def output_tensor(outputs: Any) -> torch.Tensor:
-    """The scores or values a model returned: ``outputs.logits``, the tensor itself, or a tuple's first."""
+    """The scores or values a model returned: ``outputs.logits``, the tensor itself, or a tuple's first (its
+    second after a loss: ``(loss, logits, ...)``)."""
     if isinstance(outputs, torch.Tensor):
         return outputs
     logits = outputs.get("logits") if isinstance(outputs, Mapping) else getattr(outputs, "logits", None)
     if logits is None and isinstance(outputs, (tuple, list)) and outputs and isinstance(outputs[0], torch.Tensor):
-        logits = outputs[0]
+        logits = outputs[1] if _tuple_loss(outputs) else outputs[0]
     if not isinstance(logits, torch.Tensor):
         raise UserError(
             f"the model returned a {type(outputs).__name__} without logits; return a tensor, or pass "
@@ -86,7 +101,60 @@ def output_tensor(outputs: Any) -> torch.Tensor:
     return logits
 
 
+def _class_loss(logits: torch.Tensor, labels: torch.Tensor, check: bool) -> tuple[torch.Tensor, str]:
+    """Cross-entropy of ``[..., classes]`` logits for integer labels (-100 left out), or binary cross-entropy of
+    one logit per label; ``check`` (the first batch): the labels fit the logits, said in one line otherwise."""
+    if logits.dim() != labels.dim() + 1 or logits.shape[:-1] != labels.shape:
+        raise UserError(
+            f"the model's logits are {list(logits.shape)} for integer labels {list(labels.shape)}: a classification "
+            "needs [..., classes] logits; for a regression make the targets float (.float())"
+        )
+    classes, counted = logits.shape[-1], labels != IGNORE
+    if check and bool(counted.any()):
+        low, high = int(labels[counted].min()), int(labels[counted].max())
+        if low < 0 or high >= max(classes, 2):
+            raise UserError(
+                f"labels from {low} to {high} for {classes} logit(s): a classification needs labels 0..classes-1 "
+                "(-100: left out); for a regression make the targets float (.float())"
+            )
+    if classes == 1:  # one logit: a binary classifier, 1 when the logit is above 0
+        each = F.binary_cross_entropy_with_logits(logits[..., 0].float(), labels.clamp(min=0).float(), reduction="none")
+        return (each * counted).sum() / counted.sum().clamp(min=1), "binary cross-entropy of the logit"
+    flat = logits.float().reshape(-1, classes)
+    return F.cross_entropy(flat, labels.reshape(-1), ignore_index=IGNORE), "cross-entropy of the logits"
+
+
+def _refuse_lists(batch: Any) -> None:
+    """A batch whose values collated to lists (a ``datasets.Dataset`` read without a torch format), refused."""
+    values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else ()
+    if any(isinstance(v, list) for v in values):
+        raise UserError(
+            "the samples' values collate to lists, not tensors (a datasets.Dataset without a torch format): call "
+            "dataset.set_format('torch'), or pass collate_fn= (e.g. transformers' DataCollatorWithPadding)"
+        )
+
+
+def scored(predictions: torch.Tensor, references: torch.Tensor, classification: bool) -> tuple[torch.Tensor, ...]:
+    """A batch's predictions and labels as the metrics take them: per position when the labels have one per
+    token (flattened), a classification's -100 labels left out; refused in one line when they do not pair up."""
+    predictions, references = predictions.detach().cpu(), references.detach().cpu()
+    if predictions.shape != references.shape and predictions.numel() == references.numel():
+        predictions = predictions.reshape(references.shape)  # a predict_fn's [B, 1] for [B] labels
+    if predictions.shape != references.shape:
+        raise UserError(
+            f"the predictions are {list(predictions.shape)} for labels {list(references.shape)}: they must pair up "
+            "(one per label); pass predict_fn=(outputs, batch) -> predictions"
+        )
+    predictions, references = predictions.reshape(-1), references.reshape(-1)
+    if classification:
+        kept = references != IGNORE
+        predictions, references = predictions[kept], references[kept]
+    return predictions, references
+
+
 def _own_loss(outputs: Any) -> torch.Tensor | None:
+    if _tuple_loss(outputs):
+        return outputs[0]
     loss = outputs.get("loss") if isinstance(outputs, Mapping) else getattr(outputs, "loss", None)
     return loss if isinstance(loss, torch.Tensor) else None
 
@@ -138,13 +206,16 @@ class GenericTask:
     # ---- batches ---------------------------------------------------------------------------------------
     def collate(self, samples: list) -> tuple[Any, torch.Tensor]:
         batch = (self.collate_fn or default_collate)(samples)
+        if self.collate_fn is None:
+            _refuse_lists(batch)
         return batch, labels_of(batch)
 
     def loaders(self, splits, micro: int, eval_batch: int, seed: int, global_batch: int, acc, workers: int, pin):
-        """(train loader, this rank's eval loader): the training batches carry the samples' indices; ``pin``: (train's,
-        eval's) pin_memory."""
+        """(train loader, this rank's eval loader): the training batches carry the samples' indices, and are read
+        with the host's generators keyed on them; ``pin``: (train's, eval's) pin_memory."""
         train = make_loader(splits.train, micro, shuffle=True, with_indices=True, seed=seed, collate=self.collate,
-                            drop_to_multiple_of=global_batch, num_workers=workers, pin_memory=pin[0])  # fmt: skip
+                            drop_to_multiple_of=global_batch, num_workers=workers, pin_memory=pin[0],
+                            keyed_seed=seed)  # fmt: skip
         n, rank, world = len(splits.test), acc.process_index, acc.num_processes
         block = Subset(splits.test, range(n * rank // world, n * (rank + 1) // world))
         if not len(block):  # fewer eval samples than processes: this rank scores none
@@ -164,6 +235,8 @@ class GenericTask:
             self._draws_checked = True
             if drew[0]:
                 self.say(DRAWS_NOTE)
+            if labels.dim() > 1 and self.classification and self.loss_fn is None:
+                self.say(TOKENS_NOTE)
         return outputs, self.loss(outputs, batch, labels)
 
     def loss(self, outputs: Any, batch: Any, labels: torch.Tensor) -> torch.Tensor:
@@ -172,9 +245,7 @@ class GenericTask:
         elif (own := _own_loss(outputs)) is not None:
             loss, said = own, "the model's own (outputs.loss)"
         elif self.classification:
-            logits = output_tensor(outputs)
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
-            said = "cross-entropy of the logits"
+            loss, said = _class_loss(output_tensor(outputs), labels, check=self.loss_said is None)
         else:
             loss, said = F.mse_loss(self._values(output_tensor(outputs), labels).float(), labels.float()), "mse"
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
@@ -184,23 +255,37 @@ class GenericTask:
 
     @staticmethod
     def _values(values: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """A regression's ``[B, 1]`` output against ``[B]`` targets as ``[B]``."""
-        return values.squeeze(-1) if values.dim() == labels.dim() + 1 and values.shape[-1] == 1 else values
+        """A regression's output as its targets' shape (``[B, 1]`` against ``[B]``, or the reverse)."""
+        if values.shape == labels.shape:
+            return values
+        if values.numel() != labels.numel():
+            raise UserError(
+                f"the model's output is {list(values.shape)} for targets {list(labels.shape)}: a regression (float "
+                "labels) needs one value per target; for a classification make the labels integers (.long())"
+            )
+        return values.reshape(labels.shape)
 
     def predictions(self, outputs: Any, batch: Any, labels: torch.Tensor) -> torch.Tensor:
-        """What the metrics score: ``predict_fn``'s, the argmax of the logits, or the output values."""
+        """What the metrics score: ``predict_fn``'s, the argmax of the logits (a single logit: whether it is
+        above 0), or the output values."""
         if self.predict_fn is not None:
             return torch.as_tensor(self.predict_fn(outputs, batch))
         values = output_tensor(outputs).detach()
         if self.classification:
-            return values.argmax(-1) if values.dim() == labels.dim() + 1 else (values > 0).long()
+            if values.dim() == labels.dim() + 1:
+                return (values[..., 0] > 0).long() if values.shape[-1] == 1 else values.argmax(-1)
+            return (values > 0).long()
         return self._values(values, labels).float()
 
-    def counted(self, outputs: Any, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """(correct, samples) of a micro-batch for the train records' accuracy (0 correct for a regression)."""
-        if not self.classification or labels.dim() != 1 or self.predict_fn is not None:
+    def counted(self, outputs: Any, labels: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """(correct, labels counted) of a micro-batch for the train records: a classification's labelled samples
+        or tokens (-100 left out), on the device; a regression's samples (0 correct)."""
+        if not self.classification or self.predict_fn is not None:
             return labels.new_zeros((), dtype=torch.int64), labels.shape[0]
-        return (self.predictions(outputs, None, labels) == labels).sum(), labels.shape[0]
+        predicted, counted = self.predictions(outputs, None, labels), labels != IGNORE
+        if predicted.shape != labels.shape:
+            return labels.new_zeros((), dtype=torch.int64), labels.shape[0]
+        return ((predicted == labels) & counted).sum(), counted.sum()
 
     def train_values(self, loss: float, correct: float, seen: float) -> dict[str, float]:
         shown = {"loss": loss / max(seen, 1)}
@@ -226,31 +311,68 @@ class GenericTask:
 
     # ---- evaluation --------------------------------------------------------------------------------------
     def evaluate(self, acc, model, loader, with_confusion=False, tta="none", full_batches=False) -> dict[str, Any]:
-        """eval_loss and the metrics over the whole eval set (each rank its block; gathered in order)."""
-        from accelerate.utils import gather_object, send_to_device
+        """eval_loss and the metrics over the whole eval set (each rank its block; gathered in order). eval_loss is
+        the mean over the labelled values: each batch's loss weighted by its labels (-100 left out)."""
+        from accelerate.utils import gather_object
 
         module = acc.unwrap_model(model)
         was_training = module.training
         module.eval()
-        preds, refs, loss_sum = [], [], torch.zeros((), dtype=torch.float64, device=acc.device)
+        preds, refs, samples = [], [], 0
+        loss_sum, weight = torch.zeros((), dtype=torch.float64, device=acc.device), 0
         with torch.no_grad():
             for batch, labels in loader:
-                batch, labels = send_to_device((batch, labels), acc.device)
-                with acc.autocast():
-                    outputs = call(module, batch)
-                loss_sum += self.loss(outputs, batch, labels).double() * labels.shape[0]
-                preds.append(self.predictions(outputs, batch, labels).cpu())
-                refs.append(labels.cpu())
+                outputs, loss, batch, labels = self._eval_batch(acc, module, batch, labels)
+                counted = int((labels != IGNORE).sum()) if self.classification else labels.numel()
+                loss_sum += loss.double() * counted
+                weight, samples = weight + counted, samples + labels.shape[0]
+                pred, ref = scored(self.predictions(outputs, batch, labels), labels, self.classification)
+                preds.append(pred)
+                refs.append(ref)
         module.train(was_training)
-        mine = (torch.cat(preds) if preds else None, torch.cat(refs) if refs else None, loss_sum.item())
+        mine = (
+            torch.cat(preds) if preds else None,
+            torch.cat(refs) if refs else None,
+            loss_sum.item(),
+            weight,
+            samples,
+        )
         ranks = gather_object([mine]) if acc.num_processes > 1 else [mine]
-        preds_all = torch.cat([p for p, _, _ in ranks if p is not None])
-        refs_all = torch.cat([r for _, r, _ in ranks if r is not None])
-        n = len(refs_all)
-        out: dict[str, Any] = {"eval_loss": sum(s for _, _, s in ranks) / max(n, 1)}
+        preds_all = torch.cat([r[0] for r in ranks if r[0] is not None])
+        refs_all = torch.cat([r[1] for r in ranks if r[1] is not None])
+        out: dict[str, Any] = {"eval_loss": sum(r[2] for r in ranks) / max(sum(r[3] for r in ranks), 1)}
         out.update(self.scores.compute(preds_all, refs_all))
-        out["eval_samples"] = n
+        out["eval_samples"] = sum(r[4] for r in ranks)
         return out
+
+    def _eval_batch(self, acc, module, batch, labels):
+        from accelerate.utils import send_to_device
+
+        batch, labels = send_to_device((batch, labels), acc.device)
+        with acc.autocast():
+            outputs = call(module, batch)
+        return outputs, self.loss(outputs, batch, labels), batch, labels
+
+    def check(self, acc, model, loader) -> None:
+        """Before the run: one batch of this rank's eval block through the model, its predictions and the
+        metrics, so that a monitor no metric gives, predictions that do not pair with the labels or a model
+        without logits are refused now, in one line, not at the first evaluation."""
+        import warnings
+
+        if not loader:
+            return
+        module = acc.unwrap_model(model)
+        was_training = module.training
+        module.eval()
+        batch, labels = next(iter(loader))
+        with torch.no_grad(), torch.random.fork_rng(devices=[acc.device] if acc.device.type == "cuda" else []):
+            outputs, _, batch, labels = self._eval_batch(acc, module, batch, labels)
+        module.train(was_training)
+        pred, ref = scored(self.predictions(outputs, batch, labels), labels, self.classification)
+        with warnings.catch_warnings():  # a metric of a few samples may warn (an ill-defined R2, one class)
+            warnings.simplefilter("ignore")
+            self.scores.compute(pred, ref)
+        self.loss_said = None  # the first training batch is checked again (labels against logits)
 
     # ---- records -----------------------------------------------------------------------------------------
     def write_results(self, out, confusion, class_names, plots: bool) -> None:

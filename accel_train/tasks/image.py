@@ -45,6 +45,9 @@ class ImageTask:
         """The batches' normalisation (the dataset's or the pretrained weights' mean/std), in the model's layout."""
         self.normalizer = BatchNormalizer(info.mean, info.std, channels_last)
 
+    def check(self, acc, model, loader) -> None:
+        """(Images: the data and the model were checked as they were built.)"""
+
     def forward(self, features, model, images, labels: torch.Tensor, indices: torch.Tensor, epoch: int):
         return features.forward(model, self.normalizer(images), labels, indices, epoch)
 

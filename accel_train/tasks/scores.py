@@ -21,8 +21,17 @@ import torch
 
 from accel_train.errors import UserError
 
-LOWER_IS_BETTER = ("loss", "mse", "rmse", "msle", "rmsle", "mae", "mape", "smape", "error", "perplexity", "wer", "cer",
-                   "ter", "brier")  # words of a key (split at "_"): eval_answer_f1 has none of them  # fmt: skip
+LOWER_IS_BETTER = ("loss", "mse", "rmse", "msle", "rmsle", "mae", "mape", "smape", "error", "errors", "perplexity",
+                   "ppl", "nll", "entropy", "logloss", "kl", "divergence", "deviance", "distance", "fid", "kid", "bpc",
+                   "bpd", "wer", "cer", "ter", "brier", "hamming", "regret", "cost", "risk", "eer", "fpr", "fnr",
+                   "miss", "lpips")  # words of a key (split at "_"): eval_answer_f1 has none of them  # fmt: skip
+HIGHER_IS_BETTER = ("accuracy", "acc", "f1", "precision", "recall", "auc", "auroc", "auprc", "roc", "ap", "map", "r2",
+                    "squared", "matthews", "correlation", "corr", "mcc", "pearson", "pearsonr", "spearman",
+                    "spearmanr", "kappa", "bleu", "sacrebleu", "rouge", "rouge1", "rouge2", "rougel", "rougelsum",
+                    "meteor", "chrf", "exact", "match", "em", "iou", "miou", "dice", "jaccard", "ndcg", "mrr", "hit",
+                    "hits", "top1", "top5", "psnr", "ssim", "bertscore", "coverage", "explained", "sensitivity",
+                    "specificity", "tpr", "balanced", "score")  # fmt: skip
+CLASS_AVERAGED = ("f1", "precision", "recall")  # shipped scores averaged over the run's classes
 
 
 def _load(name: str):
@@ -45,13 +54,12 @@ def _load(name: str):
 class Scores:
     """The run's metrics, each ``(name, metric)``: an ``evaluate`` module or a callable."""
 
-    def __init__(self, metrics: Any, monitor: str | None = None, monitor_mode: str | None = None):
-        self.metrics = _parse(metrics)
+    def __init__(self, metrics: Any, monitor: str | None = None, monitor_mode: str | None = None, num_classes: int = 0):
+        self.metrics, self.num_classes = _parse(metrics), num_classes
         self.monitor = _key(monitor) if monitor else (f"eval_{self.metrics[0][0]}" if self.metrics else "eval_loss")
         if monitor_mode not in (None, "min", "max"):
             raise UserError(f"monitor_mode must be 'min' or 'max', not {monitor_mode!r}")
-        lower = any(word in LOWER_IS_BETTER for word in self.monitor.lower().split("_"))
-        self.higher = monitor_mode == "max" if monitor_mode else not lower
+        self.higher = monitor_mode == "max" if monitor_mode else _higher(self.monitor)
         self._keys: list[str] | None = None
 
     def names(self) -> list[str]:
@@ -69,12 +77,31 @@ class Scores:
                 value = metric(predictions, references)
             else:
                 metric.add_batch(predictions=predictions.tolist(), references=references.tolist())
-                value = metric.compute()
+                classes = self.num_classes if getattr(metric, "config_name", None) in CLASS_AVERAGED else 0
+                value = metric.compute(**({"num_classes": classes} if classes else {}))
+                if isinstance(value, Mapping) and len(value) == 1:  # metrics={"val_f1": "f1"}: logged as eval_val_f1
+                    value = next(iter(value.values()))
             out.update(_numbers(name, value))
         if self.monitor != "eval_loss" and self.monitor not in out:
-            raise UserError(f"monitor {self.monitor!r} is none of the metrics' keys ({', '.join(out) or 'none'})")
+            raise UserError(
+                f"monitor {self.monitor!r} is none of the metrics' keys ({', '.join(out) or 'none'}): pass "
+                "monitor= one of them"
+            )
         self._keys = list(out)
         return out
+
+
+def _higher(monitor: str) -> bool:
+    """Whether a larger value of ``monitor`` is better, from the words of its key; refused when they do not say."""
+    words = monitor.lower().split("_")
+    if any(word in LOWER_IS_BETTER for word in words):
+        return False
+    if any(word in HIGHER_IS_BETTER for word in words):
+        return True
+    raise UserError(
+        f"monitor {monitor!r}: accel_train cannot tell from its name whether higher or lower is better; pass "
+        "monitor_mode='max' or monitor_mode='min'"
+    )
 
 
 def _key(monitor: str) -> str:

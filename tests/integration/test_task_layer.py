@@ -260,7 +260,7 @@ def test_evaluate_gathers_the_ranks_blocks_in_order():
         seen.append((predictions.tolist(), references.tolist()))
         return 0.0
 
-    task = _task(metrics={"order": order})
+    task = GenericTask(True, Scores({"order": order}, monitor_mode="max"))  # "order": no direction in its name
     mine, world = [], 2
     real = accelerate.utils.gather_object
     try:
@@ -326,13 +326,13 @@ def test_callables_numbers_and_dicts_become_eval_keys():
     def both(predictions, references):
         return {"a": torch.tensor(1.0), "b": 2}
 
-    scores = Scores({"half": half, "pair": both})
+    scores = Scores({"half": half, "pair": both}, monitor_mode="max")  # "half": no direction in its name
     got = scores.compute(torch.tensor([1]), torch.tensor([1]))
     assert got == {"eval_half": 0.5, "eval_a": 1.0, "eval_b": 2.0}
     assert scores.keys() == ["eval_half", "eval_a", "eval_b"]
     raises_user_error(lambda: Scores([lambda p, r: 1.0]), "no name")
-    assert Scores([half]).compute(torch.ones(1), torch.ones(1)) == {"eval_half": 0.5}  # named by the function
-    raises_user_error(lambda: Scores({"bad": lambda p, r: "x"}).compute(torch.ones(1), torch.ones(1)), "numbers")
+    assert Scores([half], monitor_mode="max").compute(torch.ones(1), torch.ones(1)) == {"eval_half": 0.5}  # named by the function
+    raises_user_error(lambda: Scores({"bad": lambda p, r: "x"}, monitor_mode="min").compute(torch.ones(1), torch.ones(1)), "numbers")
 
 
 def test_an_unknown_metric_offline_is_one_line(monkeypatch):

@@ -5,7 +5,8 @@ cache). The file also loads with ``evaluate.load(path, config_name)``, whose dep
 line by line: keep ``import datasets`` and ``import evaluate`` on separate lines.
 
 Averaging: two classes score the positive class (label 1, as the hub's modules do by default); more classes
-take the macro average (the hub's modules would refuse them without ``average=``).
+take the macro average (the hub's modules would refuse them without ``average=``). ``num_classes`` (the run's)
+fixes the classes averaged over: without it, the classes an evaluation happens to see.
 """
 
 import datasets
@@ -37,7 +38,7 @@ class Scores(evaluate.Metric):
             features=datasets.Features({"predictions": datasets.Value(kind), "references": datasets.Value(kind)}),
         )
 
-    def _compute(self, predictions, references):
+    def _compute(self, predictions, references, num_classes=None):
         from sklearn import metrics
 
         name = self.config_name
@@ -49,7 +50,12 @@ class Scores(evaluate.Metric):
             return {name: value**0.5 if name == "rmse" else value}
         if name == "matthews_correlation":
             return {name: float(metrics.matthews_corrcoef(references, predictions))}
-        labels = sorted(set(references) | set(predictions))
-        average = "binary" if set(labels) <= {0, 1} else "macro"
+        if num_classes:  # the run's classes: the same averaging at every evaluation, whichever classes it sees
+            labels = list(range(num_classes))
+            average = "binary" if num_classes <= 2 else "macro"
+        else:
+            labels = sorted(set(references) | set(predictions))
+            average = "binary" if set(labels) <= {0, 1} else "macro"
         score = {"f1": metrics.f1_score, "precision": metrics.precision_score, "recall": metrics.recall_score}[name]
-        return {name: float(score(references, predictions, average=average, zero_division=0))}
+        kept = {} if average == "binary" else {"labels": labels}
+        return {name: float(score(references, predictions, average=average, zero_division=0, **kept))}
