@@ -56,7 +56,10 @@ def watch(check: Check, name: str, done: threading.Event | None = None, poll_s: 
             found = check()
             if found is not None and not done.is_set():
                 WRITE_GUARD.acquire(timeout=10)
-                print(found[0], file=sys.stderr, flush=True)
+                try:  # stderr may be a pipe whose reader (the launcher) is gone: exit all the same
+                    print(found[0], file=sys.stderr, flush=True)
+                except OSError:
+                    pass
                 os._exit(found[1])
                 return  # (only where os._exit is replaced: the tests)
 

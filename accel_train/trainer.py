@@ -55,12 +55,15 @@ class StopTraining(Exception):
 
 
 def _give_up(signum: int, grace: float) -> None:
-    print(
-        f"accel_train: no step boundary reached {grace:g}s after {signal.Signals(signum).name}; "
-        "exiting without a new checkpoint (the previous one is intact)",
-        file=sys.stderr,
-        flush=True,
-    )
+    try:  # stderr may be a pipe whose reader (the launcher) is gone: the exit must not depend on the write
+        print(
+            f"accel_train: no step boundary reached {grace:g}s after {signal.Signals(signum).name}; "
+            "exiting without a new checkpoint (the previous one is intact)",
+            file=sys.stderr,
+            flush=True,
+        )
+    except OSError:
+        pass
     os._exit(128 + signum)
 
 
@@ -200,7 +203,8 @@ class Trainer:
     def _on_signal(self, signum, frame) -> None:
         # Stop at the next step boundary with a checkpoint. If this rank is stuck (a peer died or hangs
         # in a collective), leave before the launcher's SIGKILL instead of ignoring the signal.
-        self.stop_signal = signum
+        if self.stop_signal is None:  # the first one says why: Ctrl-C's SIGINT, not the launcher's SIGTERM after it
+            self.stop_signal = signum
         if not self._watchdog:
             timer = threading.Timer(self.cfg.stop_grace, _give_up, args=(signum, self.cfg.stop_grace))
             timer.daemon = True
