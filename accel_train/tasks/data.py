@@ -26,6 +26,7 @@ from accel_train.tasks.generic import LABEL_KEYS
 IMAGE_KEYS = ("image", "img", "pixel_values")
 TASK_OPTIONS = ("collate_fn", "loss_fn", "metrics", "predict_fn", "monitor", "monitor_mode")
 MAX_HASHED = 200_000
+MIN_SIDE = 8  # pixels: an input with a shorter side is not an image
 
 
 def _sample_label(sample: Any) -> Any:
@@ -50,8 +51,21 @@ def wants_generic(sample: Any, options: Mapping[str, Any]) -> bool:
         return not any(k in sample for k in IMAGE_KEYS) or is_float_label(_sample_label(sample))
     if isinstance(sample, (tuple, list)) and len(sample) >= 2:
         inputs = sample[0]
-        flat = isinstance(inputs, (torch.Tensor, np.ndarray)) and inputs.ndim < 2  # features, token ids
-        return flat or is_float_label(sample[-1])
+        features = isinstance(inputs, (torch.Tensor, np.ndarray)) and not _image_shaped(tuple(inputs.shape))
+        return features or is_float_label(sample[-1])
+    return False
+
+
+def _image_shaped(shape: tuple[int, ...]) -> bool:
+    """Whether an array of ``shape`` can be an image: ``[H, W]``, ``[C, H, W]`` or ``[H, W, C]`` (C of 1, 3 or 4)
+    with sides of ``MIN_SIDE`` or more. Anything else (a vector of features, token ids, a ``[12, 3]`` series)
+    goes to the model as it is, never resized and normalised as an image."""
+    if len(shape) == 2:
+        return min(shape) >= MIN_SIDE
+    if len(shape) == 3 and shape[0] in (1, 3, 4):
+        return min(shape[1:]) >= MIN_SIDE
+    if len(shape) == 3 and shape[-1] in (1, 3, 4):
+        return min(shape[:2]) >= MIN_SIDE
     return False
 
 
