@@ -331,8 +331,10 @@ def test_callables_numbers_and_dicts_become_eval_keys():
     assert got == {"eval_half": 0.5, "eval_a": 1.0, "eval_b": 2.0}
     assert scores.keys() == ["eval_half", "eval_a", "eval_b"]
     raises_user_error(lambda: Scores([lambda p, r: 1.0]), "no name")
-    assert Scores([half], monitor_mode="max").compute(torch.ones(1), torch.ones(1)) == {"eval_half": 0.5}  # named by the function
-    raises_user_error(lambda: Scores({"bad": lambda p, r: "x"}, monitor_mode="min").compute(torch.ones(1), torch.ones(1)), "numbers")
+    named = Scores([half], monitor_mode="max")  # named by the function
+    assert named.compute(torch.ones(1), torch.ones(1)) == {"eval_half": 0.5}
+    bad = Scores({"bad": lambda p, r: "x"}, monitor_mode="min")
+    raises_user_error(lambda: bad.compute(torch.ones(1), torch.ones(1)), "numbers")
 
 
 def test_an_unknown_metric_offline_is_one_line(monkeypatch):

@@ -513,3 +513,28 @@ def test_f1_averages_over_every_class_at_every_evaluation(tmp_path):
             want = f1_score(y[test].numpy(), p, average="macro", labels=[0, 1, 2])
         assert record["eval_f1"] == pytest.approx(float(want), abs=1e-12), record["step"]
     assert no_class_2  # at least one evaluation where a binary F1 would have been taken
+
+
+# --------------------------------------------------------------------------- F17 a series is not an image
+
+
+def test_a_series_of_features_goes_to_the_model_as_it_is(tmp_path):
+    """[12, 3] float inputs (a short series) were resized and normalised as 64 x 64 images: they reach the model
+    as the dataset holds them, and the run trains on them."""
+    torch.manual_seed(0)
+    x = torch.rand(48, 12, 3) * 5
+    y = (x[:, :, 0].mean(1) > 2.5).long()
+    seen = []
+
+    class Series(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(36, 2)
+
+        def forward(self, inputs):
+            seen.append(inputs.detach().clone())
+            return self.head(inputs.flatten(1))
+
+    _train(Series(), TensorDataset(x[:32], y[:32]), TensorDataset(x[32:], y[32:]), tmp_path / "run")
+    assert seen and all(s.shape[1:] == (12, 3) for s in seen)
+    assert any(torch.equal(s[0], row) for s in seen for row in x)  # the values themselves, not a resized image
