@@ -260,7 +260,7 @@ def changes(
             said.append(_folder_change(name, was, now, (old_files or {}).get(name)))
         elif new.kind == "shards":
             said.append(_shards_change(name, was, now))
-        elif new.kind == "hf":
+        elif new.kind == "hf" or "fingerprint" in now.summary:  # a datasets.Dataset, on any task
             said.append(_hf_change(name, was, now))
         else:
             said.append(f"{name}: {was.get('rows')} rows then, {now.summary.get('rows')} now, other values")

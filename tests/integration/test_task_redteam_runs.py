@@ -538,3 +538,41 @@ def test_a_series_of_features_goes_to_the_model_as_it_is(tmp_path):
     _train(Series(), TensorDataset(x[:32], y[:32]), TensorDataset(x[32:], y[32:]), tmp_path / "run")
     assert seen and all(s.shape[1:] == (12, 3) for s in seen)
     assert any(torch.equal(s[0], row) for s in seen for row in x)  # the values themselves, not a resized image
+
+
+# --------------------------------------------------------------------------- F19 a re-saved datasets.Dataset
+
+
+def test_a_re_saved_dataset_is_refused_naming_its_arrow_files(tmp_path):
+    """A job that writes its rows with save_to_disk on every (re)start: the same rows in new Arrow files. The resume
+    is refused (the files are the identity: they changed) and says so, not "other values"."""
+    import datasets
+
+    x = rt.features(48)
+    y = (x[:, 0] > 0).long()
+
+    def saved():
+        path = tmp_path / "data"
+        splits = {"train": slice(0, 32), "test": slice(32, 48)}
+        parts = {
+            k: datasets.Dataset.from_dict({"x": x[v].tolist(), "labels": y[v].tolist()}) for k, v in splits.items()
+        }
+        datasets.DatasetDict(parts).save_to_disk(str(path))
+        loaded = datasets.load_from_disk(str(path))
+        loaded.set_format("torch")
+        return loaded
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 2)
+
+        def forward(self, x, labels=None):
+            return self.linear(x)
+
+    data = saved()
+    _train(M, data["train"], data["test"], tmp_path / "run", max_steps=8, stop_at_step=4)
+    data = saved()  # the requeued job preprocesses again
+    with pytest.raises(UserError) as info:
+        _train(M, data["train"], data["test"], tmp_path / "run", max_steps=8, resume="auto")
+    assert "arrow files" in str(info.value).lower() and "other values" not in str(info.value)
