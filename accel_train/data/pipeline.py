@@ -68,6 +68,21 @@ def plan_batches(
     return BatchPlan(global_batch_size, per_process // accum, accum, world_size)
 
 
+class EpochIndex(int):
+    """A sample's index that knows its epoch (``EpochSampler(tag_epoch=True)``): a batch read keyed on its samples
+    draws other numbers in every epoch."""
+
+    epoch: int
+
+    def __new__(cls, value: int, epoch: int):
+        self = super().__new__(cls, value)
+        self.epoch = epoch
+        return self
+
+    def __reduce__(self):  # to DataLoader workers
+        return (EpochIndex, (int(self), self.epoch))
+
+
 class EpochSampler(Sampler[int]):
     """Global sample order, a function of ``(seed, epoch)`` alone.
 
@@ -91,8 +106,9 @@ class EpochSampler(Sampler[int]):
         multiple_of: int = 1,
         on_epoch: Callable[[int], None] | None = None,
         order: Callable[[int, int], torch.Tensor] | None = None,
+        tag_epoch: bool = False,
     ):
-        self.num_samples = num_samples
+        self.num_samples, self.tag_epoch = num_samples, tag_epoch
         self.seed = seed
         self.shuffle = shuffle
         self.length = (num_samples // multiple_of) * multiple_of
@@ -118,6 +134,8 @@ class EpochSampler(Sampler[int]):
             order = torch.randperm(self.num_samples, generator=gen)
         else:
             order = torch.arange(self.num_samples)
+        if self.tag_epoch:
+            return (EpochIndex(i, self.epoch) for i in order[: self.length].tolist())
         return iter(order[: self.length].tolist())
 
 
@@ -141,7 +159,7 @@ def make_loader(
     ``(images, labels, indices)``, see :class:`WithIndices`. ``collate``: a list of samples to
     ``(inputs, labels)`` (default: images; the generic task's collate: ``accel_train.tasks.generic``).
     ``keyed_seed`` (with ``with_indices``): each batch is read and collated with the host's generators seeded
-    from ``(keyed_seed, its samples' indices)``, so random draws in a dataset's ``__getitem__`` or a collate
+    from ``(keyed_seed, the epoch, its samples' indices)``, so random draws in a dataset's ``__getitem__`` or a collate
     (random masking) are the same on any number of processes at the same micro-batch, and after a resume.
     """
     if len(dataset) < drop_to_multiple_of:
@@ -152,8 +170,9 @@ def make_loader(
     on_epoch = getattr(dataset, "set_epoch", None)
     order = getattr(dataset, "epoch_order", None)  # shards: a shuffle that keeps reads local
     sampler = EpochSampler(
-        len(dataset), seed=seed, shuffle=shuffle, multiple_of=drop_to_multiple_of, on_epoch=on_epoch, order=order
-    )
+        len(dataset), seed=seed, shuffle=shuffle, multiple_of=drop_to_multiple_of, on_epoch=on_epoch, order=order,
+        tag_epoch=keyed_seed is not None,
+    )  # fmt: skip
     workers = dict(persistent_workers=True, prefetch_factor=4) if num_workers > 0 else {}
     return DataLoader(
         WithIndices(dataset, collate, keyed_seed) if with_indices else dataset,
@@ -182,7 +201,8 @@ class WithIndices(Dataset):
 
     def __getitems__(self, indices: Sequence[int]):
         getitems = getattr(self.dataset, "__getitems__", None)
-        key = f"{self.keyed_seed}:{list(indices)}".encode() if self.keyed_seed is not None else None
+        epoch = getattr(indices[0], "epoch", None) if len(indices) else None
+        key = f"{self.keyed_seed}:{epoch}:{[int(i) for i in indices]}".encode() if self.keyed_seed is not None else None
         with seeded_from(key) if key is not None else nullcontext():
             inputs, labels = self.collate(getitems(indices) if getitems else [self.dataset[i] for i in indices])
         return inputs, labels, _index_tensor(indices, labels.device)

@@ -23,10 +23,10 @@ KEY = "early_stop"
 def improves(value: float, best: float | None, higher: bool, by: float = 0.0) -> bool:
     """Whether ``value`` beats ``best`` (None: nothing yet) by more than ``by``, in the monitor's direction: the one
     rule best/ (the trainer) and early stopping both follow. A value that is not finite (a metric undefined at
-    an early evaluation: NaN) never does; any finite value beats such a best."""
+    an early evaluation: NaN) never does, so the best is always finite."""
     if not math.isfinite(value):
         return False
-    return best is None or not math.isfinite(best) or (value > best + by if higher else value < best - by)
+    return best is None or (value > best + by if higher else value < best - by)
 
 
 @dataclass

@@ -21,11 +21,15 @@ from accel_train.data.base import DatasetInfo, DataSplits
 from accel_train.data.identity import Identity, Part, _hasher, hf_part
 from accel_train.data.pipeline import seeded_from
 from accel_train.errors import UserError
-from accel_train.tasks.generic import LABEL_KEYS
+from accel_train.tasks.batches import LABEL_KEYS
 
 IMAGE_KEYS = ("image", "img", "pixel_values")
 TASK_OPTIONS = ("collate_fn", "loss_fn", "metrics", "predict_fn", "monitor", "monitor_mode")
 MAX_HASHED = 200_000
+DRAWS_NOTE = (
+    "accel_train: note: {} reads other values each time (its own generator, os.urandom: what accel_train cannot "
+    "seed): a resume cannot check that its data is the same, and draws other numbers than a straight run"
+)
 MIN_SIDE = 8  # pixels: an input with a shorter side is not an image
 
 
@@ -51,22 +55,24 @@ def wants_generic(sample: Any, options: Mapping[str, Any]) -> bool:
         return not any(k in sample for k in IMAGE_KEYS) or is_float_label(_sample_label(sample))
     if isinstance(sample, (tuple, list)) and len(sample) >= 2:
         inputs = sample[0]
-        features = isinstance(inputs, (torch.Tensor, np.ndarray)) and not _image_shaped(tuple(inputs.shape))
+        features = isinstance(inputs, (torch.Tensor, np.ndarray)) and not _image_like(inputs)
         return features or is_float_label(sample[-1])
     return False
 
 
-def _image_shaped(shape: tuple[int, ...]) -> bool:
-    """Whether an array of ``shape`` can be an image: ``[H, W]``, ``[C, H, W]`` or ``[H, W, C]`` (C of 1, 3 or 4)
-    with sides of ``MIN_SIDE`` or more. Anything else (a vector of features, token ids, a ``[12, 3]`` series)
-    goes to the model as it is, never resized and normalised as an image."""
-    if len(shape) == 2:
-        return min(shape) >= MIN_SIDE
-    if len(shape) == 3 and shape[0] in (1, 3, 4):
-        return min(shape[1:]) >= MIN_SIDE
-    if len(shape) == 3 and shape[-1] in (1, 3, 4):
-        return min(shape[:2]) >= MIN_SIDE
-    return False
+def _image_like(inputs: torch.Tensor | np.ndarray) -> bool:
+    """Whether an array can be an image: ``[C, H, W]`` or ``[H, W, C]`` with C of 1, 3 or 4; ``[H, W]`` of uint8,
+    or of floats in [0, 1] with sides of ``MIN_SIDE`` or more. Anything else (a vector of features, token ids, a
+    ``[12, 3]`` or standardised ``[16, 12]`` series) goes to the model as it is, never resized and normalised."""
+    shape = tuple(inputs.shape)
+    if len(shape) == 3:
+        return shape[0] in (1, 3, 4) or shape[-1] in (1, 3, 4)
+    if len(shape) != 2:
+        return False
+    if inputs.dtype in (torch.uint8, np.uint8):
+        return True
+    values = torch.as_tensor(inputs)
+    return min(shape) >= MIN_SIDE and bool(values.min() >= 0) and bool(values.max() <= 1)
 
 
 def _class_names(data: Any, classification: bool, class_names: list[str] | None) -> list[str]:
@@ -110,8 +116,10 @@ def generic_splits(train: Any, test: Any, cfg, class_names: list[str] | None, he
     names = _class_names(train.dataset if isinstance(train, Subset) else train, classification, class_names)
     info = DatasetInfo("custom", len(names), 0, 0, names, (), ())
     identity = Identity("samples", {"train": _part(train, names), "test": _part(test, names)})
+    drawn = [name for name, part in identity.parts.items() if part.summary.get("draws")]
+    notes = [DRAWS_NOTE.format(" and ".join(f"the {n} split" for n in drawn))] if drawn else []
     # every process must hold the same samples (a split drawn without a seed would differ): checked as files are
-    extra = {"identity": identity, "index_digest": identity.digest, "data_kind": "samples"}
+    extra = {"identity": identity, "index_digest": identity.digest, "data_kind": "samples", "notes": notes}
     return DataSplits(train, test, info, in_memory=False, extra=extra), classification
 
 
@@ -121,8 +129,11 @@ def _part(data: Any, names: list[str]) -> Part:
     base = data.dataset if isinstance(data, Subset) else data
     if hasattr(base, "_fingerprint") and hasattr(base, "cache_files"):
         part = hf_part(base, names) if base.cache_files else _table_part(base)
-        if (getattr(base, "format", None) or {}).get("type") == "custom":  # with_transform: what it returns too
+        form = getattr(base, "format", None) or {}
+        if form.get("type") == "custom":  # with_transform: what it returns too
             part = _joined(part, _samples_part(base))
+        shown = repr((form.get("type"), form.get("columns"), form.get("output_all_columns"))).encode()
+        part = Part(_hasher_of(part.digest.encode() + shown), {**part.summary, "format": repr(form.get("columns"))})
         if base is data:
             return part
         h = _hasher()
@@ -137,10 +148,30 @@ def _samples_part(data: Any) -> Part:
     attempt."""
     h, n = _hasher(), len(data)
     positions = range(n) if n <= MAX_HASHED else np.linspace(0, n - 1, MAX_HASHED).astype(np.int64).tolist()
+    if _reads_differ(data, min(n, 4)):  # its own generator, os.urandom: no hash says what it holds
+        return Part(f"draws{n}", {"rows": n, "hashed": 0, "draws": True})
     with seeded_from(b"accel_train identity"):
         for i in positions:
             _feed(h, data[int(i)])
     return Part(h.hexdigest()[:16], {"rows": n, "hashed": len(positions)})
+
+
+def _reads_differ(data: Any, first: int) -> bool:
+    """Whether the first samples read twice, with the host's generators seeded alike, hash differently."""
+    digests = []
+    for _ in range(2):
+        h = _hasher()
+        with seeded_from(b"accel_train identity"):
+            for i in range(first):
+                _feed(h, data[i])
+        digests.append(h.hexdigest())
+    return digests[0] != digests[1]
+
+
+def _hasher_of(data: bytes) -> str:
+    h = _hasher()
+    h.update(data)
+    return h.hexdigest()[:16]
 
 
 def _joined(part: Part, samples: Part) -> Part:

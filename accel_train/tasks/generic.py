@@ -20,9 +20,8 @@ sample padded or dropped), the predictions and labels are gathered in the set's 
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Callable, Mapping
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -32,9 +31,24 @@ from torch.utils.data import Subset, default_collate
 from accel_train.data.pipeline import make_loader
 from accel_train.errors import UserError
 from accel_train.evaluation import best_note
+from accel_train.tasks.batches import (
+    IGNORE,
+    LABEL_KEYS,
+    call,
+    class_loss,
+    draws,
+    keyed_rng,
+    labels_of,
+    numel,
+    output_tensor,
+    own_loss,
+    refuse_lists,
+    scored,
+)
 from accel_train.tasks.scores import Scores
 
-LABEL_KEYS = ("labels", "label", "target", "targets")
+__all__ = ["IGNORE", "LABEL_KEYS", "GenericTask", "call", "keyed_rng", "labels_of", "output_tensor", "scored"]
+
 DRAWS_NOTE = (
     "accel_train: note: the model draws random numbers inside forward besides its nn.Dropout layers (attention "
     "dropout, say): they are keyed on each micro-batch, so runs at the same micro-batch (--max-device-batch N, as "
@@ -46,138 +60,15 @@ TOKENS_NOTE = (
     "micro-batch holds as many labelled tokens; pass loss_fn= to weigh them otherwise"
 )
 PROBE_SCAN = 1024  # samples measured to pick the largest ones for --max-device-batch auto
-IGNORE = -100  # a label the loss and the metrics leave out (padding, a token not to score)
-
-
-def labels_of(batch: Any) -> torch.Tensor:
-    """The batch's labels: a dict's ``labels``/``label``/``target`` entry, or a tuple's last element."""
-    if isinstance(batch, Mapping):
-        key = next((k for k in LABEL_KEYS if k in batch), None)
-        if key is None:
-            raise UserError(
-                f"a batch is a dict with keys {sorted(batch)[:8]} and no labels ({', '.join(LABEL_KEYS)}); "
-                "add the labels to each sample (a Hugging Face model computes its loss from 'labels')"
-            )
-        labels = batch[key]
-    elif isinstance(batch, (tuple, list)) and len(batch) >= 2:
-        labels = batch[-1]
-    else:
-        raise UserError(
-            f"a batch is a {type(batch).__name__}; samples must be dicts with labels or (inputs, target) pairs"
-        )
-    if not isinstance(labels, torch.Tensor):
-        raise UserError(f"the labels collate to a {type(labels).__name__}, not a tensor; collate_fn must return one")
-    return labels
-
-
-def call(model, batch: Any):
-    """``model(**batch)`` for a dict, ``model(*inputs)`` for ``(inputs, ..., target)``."""
-    if isinstance(batch, Mapping):
-        return model(**batch)
-    return model(*batch[:-1])
-
-
-def _tuple_loss(outputs: Any) -> bool:
-    """Whether ``outputs`` is ``(loss, logits, ...)``: a Hugging Face model's with ``return_dict=False``."""
-    return (
-        isinstance(outputs, (tuple, list)) and len(outputs) > 1
-        and isinstance(outputs[0], torch.Tensor) and outputs[0].dim() == 0 and isinstance(outputs[1], torch.Tensor)
-    )  # fmt: skip
-
-
-def output_tensor(outputs: Any) -> torch.Tensor:
-    """The scores or values a model returned: ``outputs.logits``, the tensor itself, or a tuple's first (its
-    second after a loss: ``(loss, logits, ...)``)."""
-    if isinstance(outputs, torch.Tensor):
-        return outputs
-    logits = outputs.get("logits") if isinstance(outputs, Mapping) else getattr(outputs, "logits", None)
-    if logits is None and isinstance(outputs, (tuple, list)) and outputs and isinstance(outputs[0], torch.Tensor):
-        logits = outputs[1] if _tuple_loss(outputs) else outputs[0]
-    if not isinstance(logits, torch.Tensor):
-        raise UserError(
-            f"the model returned a {type(outputs).__name__} without logits; return a tensor, or pass "
-            "predict_fn=(outputs, batch) -> predictions"
-        )
-    return logits
-
-
-def _class_loss(logits: torch.Tensor, labels: torch.Tensor, check: bool) -> tuple[torch.Tensor, str]:
-    """Cross-entropy of ``[..., classes]`` logits for integer labels (-100 left out), or binary cross-entropy of
-    one logit per label; ``check`` (the first batch): the labels fit the logits, said in one line otherwise."""
-    if logits.dim() != labels.dim() + 1 or logits.shape[:-1] != labels.shape:
-        raise UserError(
-            f"the model's logits are {list(logits.shape)} for integer labels {list(labels.shape)}: a classification "
-            "needs [..., classes] logits; for a regression make the targets float (.float())"
-        )
-    classes, counted = logits.shape[-1], labels != IGNORE
-    if check and bool(counted.any()):
-        low, high = int(labels[counted].min()), int(labels[counted].max())
-        if low < 0 or high >= max(classes, 2):
-            raise UserError(
-                f"labels from {low} to {high} for {classes} logit(s): a classification needs labels 0..classes-1 "
-                "(-100: left out); for a regression make the targets float (.float())"
-            )
-    if classes == 1:  # one logit: a binary classifier, 1 when the logit is above 0
-        each = F.binary_cross_entropy_with_logits(logits[..., 0].float(), labels.clamp(min=0).float(), reduction="none")
-        return (each * counted).sum() / counted.sum().clamp(min=1), "binary cross-entropy of the logit"
-    flat = logits.float().reshape(-1, classes)
-    return F.cross_entropy(flat, labels.reshape(-1), ignore_index=IGNORE), "cross-entropy of the logits"
-
-
-def _refuse_lists(batch: Any) -> None:
-    """A batch whose values collated to lists (a ``datasets.Dataset`` read without a torch format), refused."""
-    values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else ()
-    if any(isinstance(v, list) for v in values):
-        raise UserError(
-            "the samples' values collate to lists, not tensors (a datasets.Dataset without a torch format): call "
-            "dataset.set_format('torch'), or pass collate_fn= (e.g. transformers' DataCollatorWithPadding)"
-        )
-
-
-def scored(predictions: torch.Tensor, references: torch.Tensor, classification: bool) -> tuple[torch.Tensor, ...]:
-    """A batch's predictions and labels as the metrics take them: per position when the labels have one per
-    token (flattened), a classification's -100 labels left out; refused in one line when they do not pair up."""
-    predictions, references = predictions.detach().cpu(), references.detach().cpu()
-    if predictions.shape != references.shape and predictions.numel() == references.numel():
-        predictions = predictions.reshape(references.shape)  # a predict_fn's [B, 1] for [B] labels
-    if predictions.shape != references.shape:
-        raise UserError(
-            f"the predictions are {list(predictions.shape)} for labels {list(references.shape)}: they must pair up "
-            "(one per label); pass predict_fn=(outputs, batch) -> predictions"
-        )
-    predictions, references = predictions.reshape(-1), references.reshape(-1)
-    if classification:
-        kept = references != IGNORE
-        predictions, references = predictions[kept], references[kept]
-    return predictions, references
-
-
-def _own_loss(outputs: Any) -> torch.Tensor | None:
-    if _tuple_loss(outputs):
-        return outputs[0]
-    loss = outputs.get("loss") if isinstance(outputs, Mapping) else getattr(outputs, "loss", None)
-    return loss if isinstance(loss, torch.Tensor) else None
-
-
-@contextmanager
-def keyed_rng(seed: int, epoch: int, indices: torch.Tensor, device: torch.device, check: bool = True):
-    """torch's generators seeded from ``(seed, epoch, indices)`` inside, restored after; yields a list that holds,
-    after the block, whether the block drew from them (``check``; else it stays empty: no copies of the states)."""
-    key = hashlib.sha256(f"{seed}:{epoch}:".encode() + indices.detach().cpu().numpy().tobytes()).digest()
-    devices = [device] if device.type == "cuda" else []
-    drew: list[bool] = []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(int.from_bytes(key[:8], "little") & (2**63 - 1))
-        seeded = _states(devices) if check else None
-        try:
-            yield drew
-        finally:  # before fork_rng puts the outer states back
-            if seeded is not None:
-                drew.append(not all(torch.equal(a, b) for a, b in zip(seeded, _states(devices), strict=True)))
-
-
-def _states(devices: list[torch.device]) -> list[torch.Tensor]:
-    return [torch.random.get_rng_state(), *(torch.cuda.get_rng_state(d) for d in devices)]
+PROBABILITY_NOTE = (
+    "accel_train: note: the model's one output is between 0 and 1 on the first eval batch: it is scored as a logit "
+    "(class 1 above 0); if it is a probability (a Sigmoid at the end), pass predict_fn=lambda out, batch: "
+    "(out > 0.5).long()"
+)
+EVAL_DRAWS_NOTE = (
+    "accel_train: note: the collate draws random numbers at evaluation too (random masking?): the eval figures "
+    "then depend on how the eval set is batched, and differ between 1 and N processes"
+)
 
 
 class GenericTask:
@@ -202,12 +93,14 @@ class GenericTask:
         self.loss_said: str | None = None  # which loss the first batch used, in words
         self.say: Callable[[str], None] = print  # the run's console (main process), set by ready()
         self._draws_checked = False
+        self._eval_head: list = []
+        self._data_notes: list[str] = []
 
     # ---- batches ---------------------------------------------------------------------------------------
     def collate(self, samples: list) -> tuple[Any, torch.Tensor]:
         batch = (self.collate_fn or default_collate)(samples)
         if self.collate_fn is None:
-            _refuse_lists(batch)
+            refuse_lists(batch)
         return batch, labels_of(batch)
 
     def loaders(self, splits, micro: int, eval_batch: int, seed: int, global_batch: int, acc, workers: int, pin):
@@ -218,6 +111,8 @@ class GenericTask:
                             keyed_seed=seed)  # fmt: skip
         n, rank, world = len(splits.test), acc.process_index, acc.num_processes
         block = Subset(splits.test, range(n * rank // world, n * (rank + 1) // world))
+        self._data_notes = splits.extra.get("notes") or []  # said by ready(), once there is a console
+        self._eval_head = [splits.test[i] for i in range(min(n, 2))]  # the check's batch where the block is empty
         if not len(block):  # fewer eval samples than processes: this rank scores none
             return train, []
         evals = make_loader(block, eval_batch, shuffle=False, seed=seed, collate=self.collate, num_workers=workers,
@@ -237,15 +132,16 @@ class GenericTask:
                 self.say(DRAWS_NOTE)
             if labels.dim() > 1 and self.classification and self.loss_fn is None:
                 self.say(TOKENS_NOTE)
+            self._count_classes(outputs, labels)
         return outputs, self.loss(outputs, batch, labels)
 
     def loss(self, outputs: Any, batch: Any, labels: torch.Tensor) -> torch.Tensor:
         if self.loss_fn is not None:
             loss, said = self.loss_fn(outputs, batch), f"loss_fn {getattr(self.loss_fn, '__name__', 'given')}"
-        elif (own := _own_loss(outputs)) is not None:
+        elif (own := own_loss(outputs)) is not None:
             loss, said = own, "the model's own (outputs.loss)"
         elif self.classification:
-            loss, said = _class_loss(output_tensor(outputs), labels, check=self.loss_said is None)
+            loss, said = class_loss(output_tensor(outputs), labels, check=self.loss_said is None)
         else:
             loss, said = F.mse_loss(self._values(output_tensor(outputs), labels).float(), labels.float()), "mse"
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
@@ -294,15 +190,18 @@ class GenericTask:
         return shown
 
     def ready(self, info, channels_last: bool, say: Callable[[str], None] = print) -> None:
-        """The batches go to the model as they come: only the console for the notes of the first step."""
+        """The batches go to the model as they come: only the console, for the notes (the data's, then the first
+        step's)."""
         self.say = say
+        for note in self._data_notes:
+            say(note)
 
     def probe_step(self, model, splits, micro: int, acc) -> None:
         """--max-device-batch auto: forward and backward of the ``micro`` largest of the first samples."""
         from accelerate.utils import send_to_device
 
         data = splits.train
-        largest = sorted(range(min(len(data), PROBE_SCAN)), key=lambda i: -_numel(data[i]))
+        largest = sorted(range(min(len(data), PROBE_SCAN)), key=lambda i: -numel(data[i]))
         samples = [data[largest[j % len(largest)]] for j in range(micro)]
         batch, labels = send_to_device(self.collate(samples), acc.device)
         with acc.autocast():
@@ -354,25 +253,48 @@ class GenericTask:
         return outputs, self.loss(outputs, batch, labels), batch, labels
 
     def check(self, acc, model, loader) -> None:
-        """Before the run: one batch of this rank's eval block through the model, its predictions and the
-        metrics, so that a monitor no metric gives, predictions that do not pair with the labels or a model
-        without logits are refused now, in one line, not at the first evaluation."""
+        """Before the run: one batch of this rank's eval block (the eval set's first samples where the block is
+        empty: every rank refuses alike) through the model, its predictions and the metrics, so that a monitor no
+        metric gives, predictions that do not pair with the labels or a model without logits are refused now, in
+        one line, not at the first evaluation."""
         import warnings
 
-        if not loader:
-            return
         module = acc.unwrap_model(model)
         was_training = module.training
         module.eval()
-        batch, labels = next(iter(loader))
+        batch, labels = next(iter(loader)) if loader else self.collate(self._eval_head)
         with torch.no_grad(), torch.random.fork_rng(devices=[acc.device] if acc.device.type == "cuda" else []):
             outputs, _, batch, labels = self._eval_batch(acc, module, batch, labels)
         module.train(was_training)
+        self._count_classes(outputs, labels)
         pred, ref = scored(self.predictions(outputs, batch, labels), labels, self.classification)
         with warnings.catch_warnings():  # a metric of a few samples may warn (an ill-defined R2, one class)
             warnings.simplefilter("ignore")
             self.scores.compute(pred, ref)
         self.loss_said = None  # the first training batch is checked again (labels against logits)
+        self._notes(outputs, labels)
+
+    def _count_classes(self, outputs: Any, labels: torch.Tensor) -> None:
+        """The run's classes include every logit the model has (a class its training split lacks included): f1,
+        precision and recall average over all of them, on every rank alike."""
+        if not self.classification or self.predict_fn is not None:
+            return
+        logits = output_tensor(outputs)
+        if logits.dim() == labels.dim() + 1 and logits.shape[-1] > 1:
+            self.scores.num_classes = max(self.scores.num_classes, logits.shape[-1])
+
+    def _notes(self, outputs: Any, labels: torch.Tensor) -> None:
+        """What the check batch shows that a run would otherwise get wrong without a word."""
+        if self.classification and self.predict_fn is None:
+            values = output_tensor(outputs)
+            if (
+                values.dim() == labels.dim() + 1
+                and values.shape[-1] == 1
+                and bool(((values >= 0) & (values <= 1)).all())
+            ):
+                self.say(PROBABILITY_NOTE)
+        if self._eval_head and draws(self.collate, self._eval_head):
+            self.say(EVAL_DRAWS_NOTE)
 
     # ---- records -----------------------------------------------------------------------------------------
     def write_results(self, out, confusion, class_names, plots: bool) -> None:
@@ -410,13 +332,3 @@ class GenericTask:
         info = splits.info
         classes = {"num_classes": info.num_classes, "class_names": info.class_names} if info.num_classes else {}
         return {"model": cfg.model, **classes, "dataset": cfg.dataset, **self.record()}
-
-
-def _numel(sample: Any) -> int:
-    if isinstance(sample, torch.Tensor):
-        return sample.numel()
-    if isinstance(sample, Mapping):
-        return sum(_numel(v) for v in sample.values())
-    if isinstance(sample, (tuple, list)):
-        return sum(_numel(v) for v in sample)
-    return 1

@@ -24,7 +24,7 @@ from accel_train.errors import UserError
 LOWER_IS_BETTER = ("loss", "mse", "rmse", "msle", "rmsle", "mae", "mape", "smape", "error", "errors", "perplexity",
                    "ppl", "nll", "entropy", "logloss", "kl", "divergence", "deviance", "distance", "fid", "kid", "bpc",
                    "bpd", "wer", "cer", "ter", "brier", "hamming", "regret", "cost", "risk", "eer", "fpr", "fnr",
-                   "miss", "lpips")  # words of a key (split at "_"): eval_answer_f1 has none of them  # fmt: skip
+                   "miss", "lpips", "err", "errs")  # words of a key (split at "_"), before the higher ones  # fmt: skip
 HIGHER_IS_BETTER = ("accuracy", "acc", "f1", "precision", "recall", "auc", "auroc", "auprc", "roc", "ap", "map", "r2",
                     "squared", "matthews", "correlation", "corr", "mcc", "pearson", "pearsonr", "spearman",
                     "spearmanr", "kappa", "bleu", "sacrebleu", "rouge", "rouge1", "rouge2", "rougel", "rougelsum",
@@ -94,10 +94,11 @@ class Scores:
 def _higher(monitor: str) -> bool:
     """Whether a larger value of ``monitor`` is better, from the words of its key; refused when they do not say."""
     words = monitor.lower().split("_")
+    flipped = any(word in ("neg", "negative") for word in words)  # scikit-learn's neg_mean_squared_error
     if any(word in LOWER_IS_BETTER for word in words):
-        return False
+        return flipped
     if any(word in HIGHER_IS_BETTER for word in words):
-        return True
+        return not flipped
     raise UserError(
         f"monitor {monitor!r}: accel_train cannot tell from its name whether higher or lower is better; pass "
         "monitor_mode='max' or monitor_mode='min'"

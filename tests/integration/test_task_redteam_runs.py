@@ -8,6 +8,7 @@ module and scored here, by scikit-learn where it has the metric.
 
 from __future__ import annotations
 
+import itertools
 import math
 import subprocess
 import warnings
@@ -222,8 +223,10 @@ def _stop_resume_straight(tmp_path: Path, go) -> tuple[Path, Path]:
 def test_random_getitem_stop_and_resume_equal_a_straight_run(tmp_path):
     """F04: a dataset that draws torch.randn in __getitem__, one process: stop + resume = straight (bits)."""
     x, y = _binary()
+    calls = itertools.count(1)
 
     def go(out, **options):
+        torch.rand(next(calls))  # each call after other draws: the identity must not depend on them
         data, test = rt.Noisy(x[:32], y[:32]), TensorDataset(x[32:48], y[32:48])
         return _train(lambda: nn.Linear(4, 2), data, test, out, **options)
 
