@@ -8,6 +8,7 @@ from mutation.base import Mutant, _m
 
 T = "tests/integration/test_task_layer.py"
 R = "tests/integration/test_task_redteam_runs.py"
+R2 = "tests/integration/test_task_redteam2_runs.py"
 EVAL, BEST, TRUST, RESUME, OWN = (
     "distributed evaluation", "best and early stopping", "data you can trust", "resume state", "your own data",
 )  # fmt: skip
@@ -158,6 +159,30 @@ TASKS_MUTANTS: tuple[Mutant, ...] = (
        f"{R}::test_labels_that_do_not_fit_the_output_are_refused_before_training"),
     _m("lists-taken", OWN, "tasks/batches.py", "    if any(isinstance(v, list) for v in values):\n",
        "    if False:\n", f"{R}::test_a_datasets_dataset_without_torch_format_is_refused_naming_set_format"),
+    # ---- the red-team's second round (issue 51)
+    _m("keyed-read-without-the-epoch", RESUME, "data/pipeline.py",
+       'key = f"{self.keyed_seed}:{epoch}:{[int(i) for i in indices]}"',
+       'key = f"{self.keyed_seed}:{[int(i) for i in indices]}"',
+       f"{R2}::test_keyed_reading_draws_other_noise_in_every_epoch"),
+    _m("neg-not-flipped", BEST, "tasks/scores.py", "        return flipped\n", "        return False\n",
+       f"{R2}::test_monitor_direction_of_negated_scores_and_error_rates"),
+    _m("classes-not-from-the-logits", EVAL, "tasks/generic.py",
+       "            self.scores.num_classes = max(self.scores.num_classes, logits.shape[-1])\n",
+       "            pass\n", f"{R2}::test_f1_averages_over_the_models_logits_not_the_train_labels"),
+    _m("probabilities-scored-as-classes", EVAL, "tasks/batches.py",
+       "    if classification and predictions.is_floating_point():\n", "    if False:\n",
+       f"{R2}::test_a_predict_fn_giving_probabilities_for_class_labels_is_refused"),
+    _m("format-not-in-the-identity", TRUST, "tasks/data.py",
+       'shown = repr((form.get("type"), form.get("columns"), form.get("output_all_columns"))).encode()',
+       'shown = b""', f"{R2}::test_a_resume_on_other_set_format_columns_is_refused"),
+    _m("check-skipped-on-an-empty-block", OWN, "tasks/generic.py",
+       "        import warnings\n\n", "        import warnings\n\n        if not loader:\n            return\n",
+       f"{R2}::test_a_monitor_typo_with_one_eval_sample_on_two_processes_is_one_line"),
+    _m("uint8-grids-not-images", OWN, "tasks/data.py",
+       "    if inputs.dtype in (torch.uint8, np.uint8):\n        return True\n", "",
+       f"{R2}::test_tiny_uint8_images_train_on_the_image_path"),
+    _m("reads-that-differ-unnoticed", TRUST, "tasks/data.py", "    if _reads_differ(data, min(n, 4)):",
+       "    if False:", f"{R2}::test_a_dataset_drawing_from_its_own_generator_gets_a_note_and_resumes"),
     # ---- refusals
     _m("image-options-taken-silently", OWN, "tasks/__init__.py",
        '    given = [name for name in IMAGE_ONLY if name in (getattr(cfg, "given", None) or ())]\n',
