@@ -14,15 +14,15 @@ import pytest
 from conftest import REPO, check
 
 from accel_train.doctor.launching import child_env
-from benchmarks.devices import precision_flags, tf32_mode
-from benchmarks.machine import measure_gemm_peak
-from benchmarks.portable import (
+from benchmarks.speed.devices import precision_flags, tf32_mode
+from benchmarks.speed.machine import measure_gemm_peak
+from benchmarks.speed.portable import (
     _display_command,
     portable_command,
     setup_mismatch,
     write_wrapper,
 )
-from benchmarks.setups import CUDA_SETUPS, SETUPS
+from benchmarks.speed.setups import CUDA_SETUPS, SETUPS
 
 
 def _benchmark(*args: str, timeout: float) -> subprocess.CompletedProcess:
@@ -163,10 +163,10 @@ def test_mnist_rows_against_pytorch_examples_appear(tmp_path, monkeypatch):
     """Time to accuracy on MNIST-format data, ours vs pytorch/examples' recipe, from real launches of both on tiny
     synthetic IDX files (the target 0: the row's plumbing, not its figures), into the goals and the report."""
     from accel_train.data import DataConfig, build_dataset
-    from benchmarks import mnist_rival
-    from benchmarks.goals import evaluate_goals
-    from benchmarks.report import _mnist_md
-    from benchmarks.time_to_accuracy import time_to_accuracy_portable
+    from benchmarks.speed import mnist_rival
+    from benchmarks.speed.goals import evaluate_goals
+    from benchmarks.speed.report import _mnist_md
+    from benchmarks.speed.time_to_accuracy import time_to_accuracy_portable
 
     monkeypatch.setitem(mnist_rival.SIZES, "quick", (256, 128))
     monkeypatch.setitem(mnist_rival.TARGETS, "quick", 0.0)
@@ -190,7 +190,7 @@ def test_mnist_rows_against_pytorch_examples_appear(tmp_path, monkeypatch):
 
 def test_plain_default_run_reports_its_work_and_phases(tmp_path):
     """The start-up floor, launched as the benchmark launches it: 352 steps, 8 evaluations, phases that add up."""
-    from benchmarks.startup import _one_plain_run
+    from benchmarks.speed.startup import _one_plain_run
 
     run = _one_plain_run(tmp_path / "stamps.json")
     assert "error" not in run, run.get("error")

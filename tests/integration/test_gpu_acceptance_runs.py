@@ -26,11 +26,11 @@ from pathlib import Path
 import pytest
 from conftest import REPO, fit_small
 
-from benchmarks import gpu_checks as C
-from benchmarks import gpu_judges as J
-from benchmarks import gpu_judges_state as JS
-from benchmarks import gpu_runner as R
-from benchmarks import gpu_suite as S
+from benchmarks.gpu_acceptance import checks as C
+from benchmarks.gpu_acceptance import speed as J
+from benchmarks.gpu_acceptance import resume as JS
+from benchmarks.gpu_acceptance import runner as R
+from benchmarks.gpu_acceptance import command as S
 
 REQUIRED = {"setup", "bf16-resume", "ddp", "throughput-bf16", "compile", "pytest", "fsdp", "device-batch", "sync-bn"}
 
@@ -211,7 +211,7 @@ def _stop_resume_runs(root: Path, args: list[str]) -> Path:
 @pytest.fixture(scope="module")
 def cpu_resume_runs(tmp_path_factory):
     """The resume check's runs on the CPU, where F.dropout draws from the CPU RNG."""
-    args = ["--model", "benchmarks.gpu_models:dropout_net", "--optimizer", "sgd", "--lr", "0.05", "--max-steps", "20"]
+    args = ["--model", "benchmarks.gpu_acceptance.models:dropout_net", "--optimizer", "sgd", "--lr", "0.05", "--max-steps", "20"]
     return _stop_resume_runs(tmp_path_factory.mktemp("cpu_resume"), args)
 
 
@@ -219,7 +219,7 @@ def cpu_resume_runs(tmp_path_factory):
 def cpu_bf16_resume_runs(tmp_path_factory):
     """The bf16-resume check's runs on the CPU: bn_dropout_net in bf16 autocast with channels_last (on CUDA its
     default; asked for here), F.dropout on the CPU RNG."""
-    args = ["--model", "benchmarks.gpu_models:bn_dropout_net", "--synthetic-channels", "3", "--optimizer", "sgd"]
+    args = ["--model", "benchmarks.gpu_acceptance.models:bn_dropout_net", "--synthetic-channels", "3", "--optimizer", "sgd"]
     args += ["--lr", "0.05", "--max-steps", "20", "--mixed-precision", "bf16", "--channels-last"]
     return _stop_resume_runs(tmp_path_factory.mktemp("cpu_bf16_resume"), args)
 

@@ -1,5 +1,5 @@
 """A run killed at any moment resumes whole (issue 42): what the kill campaign (``scripts/soak.py kills``,
-``benchmarks/kill_soak.py``) found, each at its exact moment, and the campaign itself (slow).
+``benchmarks/kills/campaign.py``) found, each at its exact moment, and the campaign itself (slow).
 
 The default tests cut a run in its final phase in this process (a failure injected where the campaign's SIGKILL
 landed leaves the same files on disk), then resume it with ``--resume auto``.
@@ -72,7 +72,7 @@ def test_a_run_resumed_at_its_last_step_keeps_that_checkpoint(tmp_path, monkeypa
 def test_kill_campaign(tmp_path, processes):
     """10 SIGKILLs at random moments (steps, saves, evaluations, exports, the final phase; on 2 processes the
     launcher with both ranks, or one rank), each resumed with --resume auto: the finished runs equal a straight
-    run bit for bit, log every step once, and leave nothing half-written (benchmarks/kill_soak.py)."""
+    run bit for bit, log every step once, and leave nothing half-written (benchmarks/kills/campaign.py)."""
     out = tmp_path / "kills.json"
     args = ("kills", "--trials", "10", "--processes", str(processes), "--work", str(tmp_path / "work"))
     proc = run_script("soak.py", *args, "--out", str(out), timeout=1800)

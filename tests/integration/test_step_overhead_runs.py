@@ -1,10 +1,10 @@
-"""benchmarks/step_overhead.py measures a real Trainer.step against the plain step in a child process."""
+"""benchmarks/speed/step_overhead.py measures a real Trainer.step against the plain step in a child process."""
 
 from __future__ import annotations
 
 import statistics
 
-from benchmarks.step_overhead import run_step_overhead
+from benchmarks.speed.step_overhead import run_step_overhead
 
 
 def test_one_cell_measures_both_sides_in_a_child_process():
@@ -23,7 +23,7 @@ def test_one_cell_measures_both_sides_in_a_child_process():
 def test_the_plain_step_uses_the_portables_optimizer_settings(tmp_path):
     """Like with like: the plain side's SGD has the run's momentum, dampening, nesterov and weight decay (a plain
     SGD without momentum once made the portable's momentum buffer read as loop overhead)."""
-    from benchmarks.step_overhead import _build, _Plain
+    from benchmarks.speed.step_overhead import _build, _Plain
 
     cfg, trainer = _build("lenet", 1.0, tmp_path / "run", 1)
     try:

@@ -10,23 +10,23 @@ import os
 
 import pytest
 
-from benchmarks import plain_server
-from benchmarks.bench import _cells
-from benchmarks.devices import one_gpu_env, precision_flags, visible_devices
-from benchmarks.goals import _speedrun_goals, evaluate_goals
-from benchmarks.plain import PlainTrainer, _plain_measure, plain_throughput
-from benchmarks.plain_server import PlainServer, plain_command
-from benchmarks.portable import (
+from benchmarks.speed import plain_server
+from benchmarks.speed.run import _cells
+from benchmarks.speed.devices import one_gpu_env, precision_flags, visible_devices
+from benchmarks.speed.goals import _speedrun_goals, evaluate_goals
+from benchmarks.speed.plain import PlainTrainer, _plain_measure, plain_throughput
+from benchmarks.speed.plain_server import PlainServer, plain_command
+from benchmarks.speed.portable import (
     _display_command,
     portable_command,
     portable_env,
     portable_summary_fields,
     setup_mismatch,
 )
-from benchmarks.report import README_BEGIN, README_END, render_markdown, update_readme, write_chart
-from benchmarks.results import aggregate
-from benchmarks.setups import CUDA_SETUPS, MODELS, SETUPS, WINDOW_STEPS, BenchOptions, select_workload
-from benchmarks.speedrun import markdown as speedrun_markdown
+from benchmarks.speed.report import README_BEGIN, README_END, render_markdown, update_readme, write_chart
+from benchmarks.speed.results import aggregate
+from benchmarks.speed.setups import CUDA_SETUPS, MODELS, SETUPS, WINDOW_STEPS, BenchOptions, select_workload
+from benchmarks.speed.speedrun import markdown as speedrun_markdown
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -438,7 +438,7 @@ def _startup_run(ratio: float) -> dict:
         "evals": 8,
         "eval_accuracy": 0.98,
         "runs_s": [4.0, 4.1],
-        "command": "python benchmarks/plain_default_run.py",
+        "command": "python benchmarks/speed/plain_default_run.py",
     }
     ours = {"process_wall_s": 4.0 * ratio, "before_fit_s": 3.0, "setup_s": 0.5, "train_s": 2.0, "finish_s": 0.5}
     return {
@@ -482,7 +482,7 @@ def _mnist_row(speedup: float | None, synthetic: bool = False, target: float = 0
         "evals": [{"epoch": 1, "accuracy": 0.97, "time_s": 12.0}, {"epoch": 2, "accuracy": 0.981, "time_s": 20.0}],
         "stopped": "target reached" if speedup else "max epochs",
         "recipe": "pytorch/examples",
-        "command": "python benchmarks/examples_mnist.py",
+        "command": "python benchmarks/speed/examples_mnist.py",
     }
     return {
         "data": "synthetic" if synthetic else "MNIST",
@@ -551,7 +551,7 @@ def test_plain_default_run_does_the_default_configs_work():
     clipping, logging, evaluation batch, seed, and a LeNet of the same shape."""
     from accel_train.config import TrainConfig
     from accel_train.models.lenet import LeNet
-    from benchmarks import plain_default_run as plain
+    from benchmarks.speed import plain_default_run as plain
 
     cfg = TrainConfig()
     assert (cfg.dataset, cfg.model, cfg.optimizer, cfg.lr_schedule, cfg.warmup_steps) == (
@@ -590,7 +590,7 @@ def test_the_portable_keeps_the_plain_loops_bf16_gain_on_every_cpu_kind(portable
 
 
 def test_busy_threads_pairs_each_case_with_its_round_idle_run_and_clears_the_pins(monkeypatch):
-    from benchmarks.busy_threads import Case, _env, cases, summarise, table
+    from benchmarks.speed.busy_threads import Case, _env, cases, summarise, table
 
     def run(case, rate, threads=2):
         return {"case": case, "samples_per_s": rate, "threads": threads, "threads_why": "x", "background_cores": 0.1}

@@ -1,11 +1,11 @@
-"""benchmarks/data_scale.py's parts on a tiny generated folder: the folder generator, the indexing-memory probe,
+"""benchmarks/data/scale.py's parts on a tiny generated folder: the folder generator, the indexing-memory probe,
 the pipeline's images/s beside torchvision's, and the report (the benchmark itself runs minutes, by hand)."""
 
 from __future__ import annotations
 
 from accel_train.data import DataConfig, build_dataset
-from benchmarks import data_scale
-from benchmarks.folder_gen import generate
+from benchmarks.data import scale as data_scale
+from benchmarks.data.folders import generate
 
 
 def test_generated_folder_trains_and_the_benchmark_reports_it(tmp_path):

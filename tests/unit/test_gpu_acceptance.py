@@ -23,15 +23,15 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import gpu_checks as C
-from benchmarks import gpu_judges as J
-from benchmarks import gpu_judges_parallel as JP
-from benchmarks import gpu_judges_state as JS
-from benchmarks import gpu_plan as P
-from benchmarks import gpu_runner as R
-from benchmarks import gpu_sizing as Z
-from benchmarks import gpu_suite as S
-from benchmarks.gpu_runs import tensor_diff
+from benchmarks.gpu_acceptance import checks as C
+from benchmarks.gpu_acceptance import speed as J
+from benchmarks.gpu_acceptance import parallel as JP
+from benchmarks.gpu_acceptance import resume as JS
+from benchmarks.gpu_acceptance import plan as P
+from benchmarks.gpu_acceptance import runner as R
+from benchmarks.gpu_acceptance import sizing as Z
+from benchmarks.gpu_acceptance import command as S
+from benchmarks.gpu_acceptance.runs import tensor_diff
 
 
 def test_every_check_has_a_timeout_and_the_default_budget_fits_one_command():
@@ -103,7 +103,7 @@ def test_every_check_is_in_a_command_or_the_plan_says_why_not():
 
 def test_the_sizing_flops_are_the_flop_counters():
     from accel_train.trainer import WARMUP_STEPS_EXCLUDED
-    from benchmarks.gpu_probe import model_train_flops_per_sample
+    from benchmarks.gpu_acceptance.probe import model_train_flops_per_sample
 
     for model, flops in Z.TRAIN_FLOPS.items():
         assert flops == pytest.approx(model_train_flops_per_sample(model), rel=0.01), model
@@ -366,7 +366,7 @@ def test_fsdp_export_is_compared_with_the_sharded_checkpoint_read_on_the_cpu(tmp
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from benchmarks.gpu_models import bn_net
+    from benchmarks.gpu_acceptance.models import bn_net
 
     model = bn_net().state_dict()
     with warnings.catch_warnings():
@@ -374,12 +374,12 @@ def test_fsdp_export_is_compared_with_the_sharded_checkpoint_read_on_the_cpu(tmp
         dcp.save({"model": model}, storage_writer=dcp.FileSystemWriter(str(tmp_path / "pytorch_model_fsdp_0")),
                  no_dist=True)  # fmt: skip
     merged = JS.merged_fsdp_weights(tmp_path)
-    assert tensor_diff(merged, model) == 0.0 and not JS.keys_vs_model(merged, "benchmarks.gpu_models:bn_net", 3, 32)
+    assert tensor_diff(merged, model) == 0.0 and not JS.keys_vs_model(merged, "benchmarks.gpu_acceptance.models:bn_net", 3, 32)
     stale = {k: v.clone() for k, v in model.items()}
     stale["fc.weight"] += 1e-3
     good = _fsdp_good()
     assert JS.judge_fsdp({**good, "export_vs_checkpoint": tensor_diff(stale, merged)})[0] == R.FAIL
-    assert JS.keys_vs_model({"fc.weight": torch.zeros(5, 512)}, "benchmarks.gpu_models:bn_net", 3, 32)
+    assert JS.keys_vs_model({"fc.weight": torch.zeros(5, 512)}, "benchmarks.gpu_acceptance.models:bn_net", 3, 32)
 
 
 def test_compile_judge_fails_when_nothing_compiled_or_the_resume_diverged():
@@ -464,7 +464,7 @@ def test_speedrun_probe_trains_on_cifar_format_files_with_augmentation_after_a_w
     """The speed run's data path on the CPU: real CIFAR-10-format files make the recipe augment (synthetic data
     did not), the warm-up runs first in the same process; here, on the CPU, the judge says the data was not on
     a GPU."""
-    from benchmarks.gpu_probe import probe_speedrun
+    from benchmarks.gpu_acceptance.probe import probe_speedrun
 
     small = ("--batch-size", "8", "--global-batch-size", "8", "--max-steps", "4", "--warmup-steps", "1")
     small += ("--mixed-precision", "no", "--image-size", "16", "--eval-batch-size", "40")  # bf16 is slow on CPUs

@@ -1,9 +1,9 @@
-"""The kill campaign's verdict (benchmarks/kill_soak.py) on records and folders made up here: what it calls a
+"""The kill campaign's verdict (benchmarks/kills/campaign.py) on records and folders made up here: what it calls a
 re-log a resume explains, and what a fault."""
 
 from __future__ import annotations
 
-from benchmarks.kill_verdict import leftovers, relogged
+from benchmarks.kills.verdict import leftovers, relogged
 
 
 def _r(event: str, step: int) -> dict:

@@ -1,8 +1,8 @@
-"""benchmarks/step_overhead.py: the per-step goals judge the measured ratios (issue 29) and the report shows them."""
+"""benchmarks/speed/step_overhead.py: the per-step goals judge the measured ratios (issue 29) and the report shows them."""
 
 from __future__ import annotations
 
-from benchmarks.step_overhead import GOAL_STEP_RATIO, markdown, step_overhead_goals
+from benchmarks.speed.step_overhead import GOAL_STEP_RATIO, markdown, step_overhead_goals
 
 
 def _row(model: str, clip: float, ratio: float) -> dict:
