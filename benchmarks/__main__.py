@@ -132,8 +132,8 @@ def main(argv=None):
 
     import shlex
 
-    from benchmarks.speed.run import run_benchmark
     from benchmarks.speed.report import README_BEGIN, README_END
+    from benchmarks.speed.run import run_benchmark
     from benchmarks.speed.setups import BenchOptions
 
     if args.readme is not None:  # before minutes of measuring, not after

@@ -3,10 +3,9 @@
 ``scripts/gpu_acceptance.py`` runs :func:`main`. ``--plan --json`` prints the exact commands a session runs on
 the GPU machine (the decisive verdicts first, each within one device command's limit, all within a session's
 device time), the four wheels to carry and the line that installs them; docs/gpu/README.md says how to run them
-with the device tool. The checks, in plan order (``CHECK_NAMES``), are defined in ``gpu_checks``, sized by
-``gpu_sizing`` and grouped into device commands by ``gpu_plan``; how they run is ``gpu_runner``, how they are
-judged ``gpu_judges`` (with ``gpu_judges_state`` and ``gpu_judges_parallel``), and what runs on the device besides
-``scripts/train.py`` is ``gpu_probe``.
+with the device tool. The checks are listed in plan order in ``checks`` (each defined, run and judged in one
+place: ``environment``, ``resume``, ``parallel``, ``speed``), sized by ``sizing`` and grouped into device commands
+by ``plan``; ``runner`` runs them and writes the report.
 """
 
 from __future__ import annotations

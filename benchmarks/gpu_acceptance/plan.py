@@ -1,7 +1,7 @@
 """The device plan of the GPU acceptance (``--plan``): the checks grouped into device commands ordered by value and
 sized to today's device time (15 minutes for a whole session: the machine's start, every command, idle time and
 the hand-back; at most 10 minutes a command), each check with the seconds it should take on an H100
-(``gpu_sizing``); the wheels the GPU machine lacks with the lines that download and install them; what no command
+(``sizing``); the wheels the GPU machine lacks with the lines that download and install them; what no command
 holds, and why; and the commit the report names."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu_acceptance import sizing as gpu_sizing
-from benchmarks.gpu_acceptance.checks import TIMEOUTS, build_checks
-from benchmarks.gpu_acceptance.runner import REPO, Context
+from benchmarks.gpu_acceptance import sizing
+from benchmarks.gpu_acceptance.checks import build_checks
+from benchmarks.gpu_acceptance.runner import REPO, Check, Context
 
 # The device commands in the order a session runs them: (folder under $OUT, checks in order). The first holds the
 # verdicts that decide whether a GPU user can trust the project: CUDA and the carried wheels; one GPU trains,
@@ -47,7 +47,7 @@ SECOND_COMMAND_MAX_S = 300
 LIMITS = {
     "device_session_s": DEVICE_SESSION_S, "total_s": DEVICE_PLAN_MAX_S, "per_command_s": DEVICE_COMMAND_MAX_S,
     "first_command_s": FIRST_COMMAND_MAX_S, "first_budget_s": FIRST_BUDGET_MAX_S,
-    "second_command_s": SECOND_COMMAND_MAX_S, "timeout_over_expected": gpu_sizing.MARGIN,
+    "second_command_s": SECOND_COMMAND_MAX_S, "timeout_over_expected": sizing.MARGIN,
 }  # fmt: skip
 MIN_COMMAND_MARGIN_S = 25  # beyond the checks' own timeouts: the wheels' install, this script's start, the report
 WHEEL_NAMES = ("datasets", "evaluate", "dill", "multiprocess")  # what the GPU machine's image lacks
@@ -91,19 +91,19 @@ def git_commit(repo: Path = REPO) -> str | None:
 def command_margin_s(first: bool) -> int:
     """A command's seconds beyond its checks' timeouts: at least 1.3x its own expected overhead (the first reads
     torch off a fresh machine's cold disk), rounded up to 5 s."""
-    need = gpu_sizing.MARGIN * gpu_sizing.command_overhead_s(first)
+    need = sizing.MARGIN * sizing.command_overhead_s(first)
     return max(MIN_COMMAND_MARGIN_S, 5 * math.ceil(need / 5))
 
 
-def _command(folder: str, names: tuple[str, ...], commit: str, first: bool) -> dict[str, Any]:
-    budget = sum(TIMEOUTS[n] for n in names)
+def _command(folder: str, names: tuple[str, ...], checks: dict[str, Check], commit: str, first: bool) -> dict[str, Any]:
+    budget = sum(checks[n].timeout_s for n in names)
     run = f"PYTHONPATH=$PWD/{WHEELS_SITE}:$PWD PYTHONUNBUFFERED=1 python3 scripts/gpu_acceptance.py "
     run += f"--only {','.join(names)} --budget-s {budget} --out $OUT/{folder} --commit {shlex.quote(commit)}"
     return {
         "name": folder, "checks": list(names), "shell": f"{install_line()} && {run}",
         "timeout_s": budget + command_margin_s(first), "budget_s": budget, "out": f"$OUT/{folder}",
-        "expected_s": round(sum(gpu_sizing.expected_s(n) for n in names), 1),
-        "overhead_s": round(gpu_sizing.command_overhead_s(first), 1),
+        "expected_s": round(sum(sizing.expected_s(n) for n in names), 1),
+        "overhead_s": round(sizing.command_overhead_s(first), 1),
     }  # fmt: skip
 
 
@@ -112,14 +112,14 @@ def device_plan(ctx: Context, commit: str | None = None) -> dict[str, Any]:
     command a later machine runs."""
     commit = commit or git_commit() or "unknown"
     checks = {c.name: c for c in build_checks(ctx)}
-    commands = [_command(folder, names, commit, i == 0) for i, (folder, names) in enumerate(COMMANDS)]
-    later = _command(*LATER, commit, first=False)
+    commands = [_command(folder, names, checks, commit, i == 0) for i, (folder, names) in enumerate(COMMANDS)]
+    later = _command(*LATER, checks, commit, first=False)
     rows = []
     for cmd in [*commands, later]:
         for n in cmd["checks"]:
             c = checks[n]
             rows.append({"name": n, "command": cmd["name"], "timeout_s": c.timeout_s,
-                         "expected_s": gpu_sizing.expected_s(n), "expected": gpu_sizing.breakdown(n),
+                         "expected_s": sizing.expected_s(n), "expected": sizing.breakdown(n),
                          "title": c.title, "passes_when": c.passes_when, "exercises": c.exercises,
                          "steps": [s.shell() for s in c.steps]})  # fmt: skip
     return {

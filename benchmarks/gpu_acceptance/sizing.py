@@ -1,6 +1,6 @@
 """How long each GPU acceptance check should take on an H100: the start-up of every process it starts (measured on
 the CPU here), what a GPU adds to each (assumed: it cannot be measured without one) and its training FLOPs over an
-assumed achievable rate. ``gpu_checks.TIMEOUTS`` are held to at least ``MARGIN`` times these and ``gpu_plan``
+assumed achievable rate. Every check's timeout is held to at least ``MARGIN`` times these and ``plan``
 writes them into the plan (tests/unit/test_gpu_acceptance.py holds both). Once a GPU has run the checks, each
 check's ``duration_s`` in the report replaces these estimates.
 
@@ -21,7 +21,8 @@ CPU_S = {
     # the same under accelerate launch multi_cpu.yaml --num_processes 1: the launcher's own imports, torchrun, its
     # rendezvous and the rank (9.5 and 10.9 s idle, 8.1-12.6 s under load); single_gpu.yaml's launch is counted so too
     "launch": 9.5,
-    # python -m benchmarks.gpu_acceptance.probe imports: torch, accelerate, datasets, evaluate, accel_train (3.9-5.1 s idle)
+    # python -m benchmarks.gpu_acceptance.probe imports: torch, accelerate, datasets, evaluate, accel_train
+    # (3.9-5.1 s idle)
     "probe": 4.5,
     # a throughput row's start-up besides the imports: 51,200 synthetic 3x32x32 images made (3.6 s; 65,536: 3.7 s),
     # resnet18 built, its 45 MB checkpoint written (2 steps of batch 8: 9.6 s under load, less the CPU's steps)
@@ -77,7 +78,7 @@ def _gemm() -> float:
 
 
 def _throughput_row(precision: str) -> float:
-    """One row of 200 steps of 512 and an evaluation of 2,560 (gpu_checks._throughput_steps)."""
+    """One row of 200 steps of 512 and an evaluation of 2,560 (speed._throughput_steps)."""
     compute = train_s("resnet18", 200 * 512, precision) + train_s("resnet18", 2560, precision) / 3
     return CPU_S["train"] + CPU_S["resnet18_setup"] + GPU_S["cuda"] + GPU_S["autotune"] + compute
 

@@ -157,8 +157,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from accel_train.runtime import available_cores
-    from benchmarks.data.folders import generate
     from benchmarks.common import cpu_description
+    from benchmarks.data.folders import generate
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks busy-threads", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="runs of every case (default: 3)")

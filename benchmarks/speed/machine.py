@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import platform
 import time
-from pathlib import Path
 from typing import Any
 
 from accel_train.runtime import available_cores

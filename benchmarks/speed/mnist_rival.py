@@ -120,7 +120,8 @@ def time_rival(data_dir: str, work: Path, target: float, cap_s: float, max_epoch
     reached = next((e for e in evals if e["accuracy"] >= target), None)
     result: dict[str, Any] = {
         "recipe": RIVAL_RECIPE,
-        "command": f"python benchmarks/speed/examples_mnist.py --data-dir DATA --epochs {max_epochs} --stop-at {target}",
+        "command": "python benchmarks/speed/examples_mnist.py --data-dir DATA "
+        f"--epochs {max_epochs} --stop-at {target}",
         "reached": reached is not None,
         "time_to_target_s": reached["time_s"] if reached else None,
         "epoch": reached["epoch"] if reached else None,

@@ -261,7 +261,9 @@ def main(argv: list[str] | None = None) -> None:
         row = measure(model, float(clip), int(rounds), int(block), int(rest[0]) if rest else None)
         print(json.dumps(row), flush=True)
         return
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.speed.step_overhead", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.speed.step_overhead", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--rounds", type=int, default=15, help="blocks per side (default 15)")
     parser.add_argument("--block", type=int, default=20, help="steps per block (default 20)")

@@ -11,7 +11,6 @@ import os
 import pytest
 
 from benchmarks.speed import plain_server
-from benchmarks.speed.run import _cells
 from benchmarks.speed.devices import one_gpu_env, precision_flags, visible_devices
 from benchmarks.speed.goals import _speedrun_goals, evaluate_goals
 from benchmarks.speed.plain import PlainTrainer, _plain_measure, plain_throughput
@@ -25,6 +24,7 @@ from benchmarks.speed.portable import (
 )
 from benchmarks.speed.report import README_BEGIN, README_END, render_markdown, update_readme, write_chart
 from benchmarks.speed.results import aggregate
+from benchmarks.speed.run import _cells
 from benchmarks.speed.setups import CUDA_SETUPS, MODELS, SETUPS, WINDOW_STEPS, BenchOptions, select_workload
 from benchmarks.speed.speedrun import markdown as speedrun_markdown
 

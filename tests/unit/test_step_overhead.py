@@ -1,4 +1,4 @@
-"""benchmarks/speed/step_overhead.py: the per-step goals judge the measured ratios (issue 29) and the report shows them."""
+"""benchmarks/speed/step_overhead.py: the per-step goals judge the measured ratios (issue 29), the report shows them."""
 
 from __future__ import annotations
 
