@@ -1,9 +1,9 @@
 """Data at scale: an image folder of 100,000 or 1,000,000 files, ours beside torchvision's ``ImageFolder``.
 
-python -m benchmarks.data.scale --root /big/f100k --train 100000 --out runs/data_scale            # 100k
-python -m benchmarks.data.scale --root /big/f1m --train 990000 --test 10000 --no-rival --remove   # 1M
+python -m benchmarks data-scale --root /big/f100k --train 100000 --out runs/data_scale            # 100k
+python -m benchmarks data-scale --root /big/f1m --train 990000 --test 10000 --no-rival --remove   # 1M
 
-The folder is generated first if it is not complete (``benchmarks/data/folders.py``: 32x32 PNGs, 10 classes,
+The folder is generated first if it is not complete (``folders.generate``: 32x32 PNGs, 10 classes,
 ``train/`` and ``test/``). Then, each a new process timed from its launch to its first optimizer step (the first
 ``train`` line of metrics.jsonl with ``--log-every 1``; the rival's own line), with its peak resident memory:
 
@@ -203,7 +203,7 @@ def _derived(rows: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.data.scale", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks data-scale", description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, required=True, help="the image folder (generated if incomplete)")
     parser.add_argument("--train", type=int, default=100_000)
     parser.add_argument("--test", type=int, default=10_000)

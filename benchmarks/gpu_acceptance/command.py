@@ -1,11 +1,7 @@
-"""The GPU acceptance's command line, and the machine it runs on (packages, CUDA GPUs, versions).
-
-``scripts/gpu_acceptance.py`` runs :func:`main`. ``--plan --json`` prints the exact commands a session runs on
-the GPU machine (the decisive verdicts first, each within one device command's limit, all within a session's
-device time), the four wheels to carry and the line that installs them; docs/gpu/README.md says how to run them
-with the device tool. The checks are listed in plan order in ``checks`` (each defined, run and judged in one
-place: ``environment``, ``resume``, ``parallel``, ``speed``), sized by ``sizing`` and grouped into device commands
-by ``plan``; ``runner`` runs them and writes the report.
+"""The GPU acceptance's command line (``scripts/gpu_acceptance.py`` runs :func:`main`), and the machine it runs on
+(packages, CUDA GPUs, versions). ``--plan --json`` prints the exact commands a session runs on the GPU machine (the
+decisive verdicts first, each within one device command's limit, all within a session's device time), the four
+wheels to carry and the line that installs them.
 """
 
 from __future__ import annotations

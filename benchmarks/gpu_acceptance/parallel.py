@@ -40,7 +40,7 @@ def ddp_check(ctx: Context) -> Check:
     steps = [
         train_step("plain", ctx, "ddp", *args, env=DETERMINISTIC),
         train_step("ddp", ctx, "ddp", *args, config="multi_gpu.yaml", launch_args=("--num_processes", "1"),
-               env={**DETERMINISTIC, "NCCL_DEBUG": "INFO"}),
+                   env={**DETERMINISTIC, "NCCL_DEBUG": "INFO"}),
     ]  # fmt: skip
     return Check(
         "ddp", "multi_gpu.yaml with one process (DDP over NCCL at world size 1) vs one plain process, a BatchNorm "
@@ -79,6 +79,7 @@ def judge_ddp(m: dict[str, Any]) -> tuple[str, str]:
 # ---- --sync-bn: two ranks on GPU 0 vs one process at the same global batch ----------------------------------------
 SYNC_BN_TOL = 1e-4  # SyncBatchNorm's gathered statistics vs one process's, summed in another order
 SYNC_BN_RATIO = 10  # the unsynchronised control must be at least this many times farther from one process
+# (on the CPU analogue, bn_net after 6 steps: synced 1.8e-7, unsynced 2.2e-3 from one process)
 SYNC_BN_STEPS = 6  # round-off between the layouts grows with every step; 6 keep it far below the control's gap
 SHARED_GPU_REFUSALS = (r"(RuntimeError|NotImplementedError|ValueError).*(not supported|does not support|unsupported"
                        r"|Duplicate GPU)",)  # fmt: skip
@@ -91,17 +92,8 @@ def sync_bn_check(ctx: Context) -> Check:
     def ranks(label: str, *extra: str) -> Step:
         out = ctx.work / "sync-bn" / label
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-        argv = [
-            *torchrun,
-            "-m",
-            "benchmarks.gpu_acceptance.probe",
-            "shared-gpu-rank",
-            *args,
-            *extra,
-            *FAST,
-            "--output-dir",
-            str(out),
-        ]
+        argv = [*torchrun, "-m", "benchmarks.gpu_acceptance.probe", "shared-gpu-rank", *args, *extra, *FAST]
+        argv += ["--output-dir", str(out)]
         return Step(label, argv, {**GPU0, **DETERMINISTIC}, out, refusals=SHARED_GPU_REFUSALS)
 
     steps = [
@@ -162,7 +154,6 @@ def judge_sync_bn(m: dict[str, Any]) -> tuple[str, str]:
 
 
 # ---- DataParallel with device_ids=[0, 0] --------------------------------------------------------------------------
-# (on the CPU analogue, bn_net after 6 steps: synced 1.8e-7, unsynced 2.2e-3 from one process)
 DP_TOL = 1e-5  # DataParallel's reduced gradient vs one module's, fp32 with TF32 off
 
 
@@ -212,7 +203,7 @@ def dp_ddp_check(ctx: Context) -> Check:
     steps = [
         train_step("dp", ctx, "dp_ddp", *SGD_LENET, config="dp.yaml", launch_args=gpus01, env=DETERMINISTIC),
         train_step("ddp", ctx, "dp_ddp", *SGD_LENET, config="multi_gpu.yaml",
-               launch_args=("--num_processes", "2", *gpus01), env=DETERMINISTIC),
+                   launch_args=("--num_processes", "2", *gpus01), env=DETERMINISTIC),
     ]  # fmt: skip
     return Check(
         "dp_ddp", "DataParallel (1 process, GPUs 0,1) vs DDP (2 processes), lenet, global batch 32, 20 steps",

@@ -51,6 +51,7 @@ BF16_RESUME_TOL = 1e-4
 ORDER_REL_TOL = 1e-9  # the same batch gives the same float64 checksum; another batch differs in the 2nd digit
 RESUME_STEPS, RESUME_STOP = 40, 17  # 2048 samples of 64: the epoch ends at step 32, between the stop and the end
 BN_DROPOUT_NET = "benchmarks.gpu_acceptance.models:bn_dropout_net"  # BatchNorm and F.dropout: the CUDA RNG in a CNN
+DROPOUT_NET = "benchmarks.gpu_acceptance.models:dropout_net"  # F.dropout in forward: the CUDA RNG
 
 
 def _stop_resume_steps(ctx: Context, check: str, args: list[str]) -> list[Step]:
@@ -87,14 +88,7 @@ def bf16_resume_check(ctx: Context) -> Check:
 
 
 def resume_check(ctx: Context) -> Check:
-    args = [
-        "--model",
-        "benchmarks.gpu_acceptance.models:dropout_net",
-        "--dataset",
-        "synthetic",
-        "--synthetic-size",
-        "2048",
-    ]
+    args = ["--model", DROPOUT_NET, "--dataset", "synthetic", "--synthetic-size", "2048"]
     args += ["--synthetic-test-size", "256", *SGD, "--batch-size", "64", "--max-steps", str(RESUME_STEPS)]
     args += ["--log-every", "5"]
     return Check(

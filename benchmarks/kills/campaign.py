@@ -33,7 +33,6 @@ import random
 import signal
 import statistics
 import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -460,7 +459,3 @@ def campaign(trials: int, work: Path, steps: int, processes: int, seed: int, per
         if done == 0 and not result["verdict"]["ok"]:
             break
     return report(runs, processes, time.monotonic() - t0, asdict(ref) | {"path": str(ref.path)})
-
-
-if __name__ == "__main__":
-    sys.exit("run it as: python scripts/soak.py kills --trials N")

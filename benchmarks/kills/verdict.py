@@ -1,4 +1,4 @@
-"""The kill campaign's verdict (``benchmarks/kills/campaign.py``): its report (:func:`report`), and on each finished run
+"""The kill campaign's verdict (``campaign``): its report (:func:`report`), and on each finished run
 (:func:`verify_run`), against a straight run of the same command:
 
 * ``model/`` and ``best/`` weights equal the straight run's bit for bit (``torch.equal``);

@@ -200,7 +200,3 @@ def _torch_version() -> str:
     import torch
 
     return torch.__version__
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

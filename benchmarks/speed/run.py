@@ -1,49 +1,8 @@
-"""Benchmark the portable loop on this machine against a hand-written floor.
-
-``python -m benchmarks`` is the command line; this module runs one benchmark from start to end
-(``run_benchmark``), each part from a module of its own (named in brackets):
-
-* **portable loop** (``portable``): ``scripts/train.py`` launched as users launch it (``python
-  scripts/train.py``; ``--mixed-precision bf16`` or ``accelerate launch`` with
-  ``cpu_bf16.yaml``; ``accelerate launch`` with ``multi_cpu.yaml`` for 2 gloo
-  ranks) on synthetic data of the setup's **workload**: MNIST-shaped 1x28x28 on
-  CPU (batch 16-32), CIFAR-shaped 3x32x32 with resnet18 at batch 512 on CUDA
-  (``--workload`` overrides). Steady-state ``train_samples_per_s``,
-  ``data_wait_fraction`` and ``peak_memory_mb`` come from its ``summary.json``;
-  peak RSS (and the TF32 flags in effect) from a tiny wrapper that runs
-  ``train.py`` through ``runpy`` and writes them for each rank before the
-  process exits.
-* **plain loop** (the floor; ``plain``, served by ``plain_server``): a hand-written PyTorch loop in a fresh process,
-  same model, same synthetic uint8 tensors in memory (pinned per batch on
-  CUDA, as accel_train's loader pins), same global batch, same threads, Adam,
-  cross-entropy (and the same gradient clipping as the loop's default). Like
-  the portable loop it syncs the host only at log points (every
-  ``WINDOW_STEPS`` steps, reading its running loss with ``.item()``); the
-  per-phase breakdown (data, forward+backward, optimizer and, for DDP,
-  gradient synchronisation: ``no_sync`` steps vs synced steps) is host time on
-  CPU, and comes from a few extra steps with a device sync after each phase
-  on CUDA.
-* **CUDA runs** (``devices``) are pinned to ONE GPU (``CUDA_VISIBLE_DEVICES`` set to the
-  first visible id in the child's environment): a single process that sees
-  several GPUs would otherwise run accel_train's ``nn.DataParallel``. TF32 is
-  set the same way (``--no-tf32`` turns it off) for the CUDA GEMM peak, the
-  plain loop and the portable loop (through the wrapper), and recorded.
-* **bf16 study** (``study``): all precision/memory-format variants of a model stepped
-  round-robin in ONE process (so machine noise hits them alike), plus a
-  profile of where forward+backward time goes.
-* **time to accuracy** (``time_to_accuracy``): launch to 97% test accuracy, ``scripts/train.py``
-  defaults vs the seed-000 recipe (per-sample PIL images + ``ToTensor``, a
-  DataLoader with 2 workers, a ``.to(device)`` per step, mnist_cnn); and (``mnist_rival``) launch to 98% on
-  MNIST-format data (``--data-dir`` or synthetic MNIST-shaped handwriting), ``scripts/train.py`` defaults vs
-  pytorch/examples' MNIST recipe (``examples_mnist.py``), interleaved.
-* machine (``machine``): cores, versions, fp32/bf16 GEMM peak (same threads), load
-  average; ``startup`` times ``--help`` and the default run from process start, interleaved with the same work
-  as a plain PyTorch script (``plain_default_run.py``, the start-up floor).
-
-Children are started with ``python -m benchmarks.speed.run --child KIND SPEC``.
-Nothing here asserts a goal: goals are evaluated and reported (``goals``); ``results``
-aggregates the runs, ``report`` and ``report_bf16`` write benchmark.md, the README block
-and the chart.
+"""One speed benchmark from start to end (``run_benchmark``): the machine, the grid of cells (each setup and model:
+the plain loop right next to the portable run), the bf16 study, time to accuracy, the default run, the step's
+overhead, the speed run; then ``benchmark.json``, ``benchmark.md`` and ``benchmark.png`` (this folder's
+``__init__`` says which module does which part). Its children start as ``python -m benchmarks.speed.run --child
+KIND SPEC``.
 """
 
 from __future__ import annotations
