@@ -29,3 +29,31 @@ def test_generated_folder_trains_and_the_benchmark_reports_it(tmp_path):
     report = data_scale._report({"folder": {"files": 50, "root": str(root)}, "cpu": {}, "launches": rows,
                                  "derived": derived, "pipeline": rate})  # fmt: skip
     assert "| first_launch | 3.0 |" in report and "ratio" in report
+
+
+def test_the_own_folder_benchmarks_split_their_flags_and_write_their_folders(tmp_path):
+    """``python -m benchmarks shapes`` and ``photos`` (benchmarks/data/own_folder.py): FLAGS after ``--`` go to every
+    run; the shapes table's last row is min / median; the folders they generate are the same for the same seed."""
+    from benchmarks.data.folders import write_photo_folder, write_shapes_folder
+    from benchmarks.data.own_folder import _split, table
+
+    assert _split(["--seeds", "0", "--", "--model", "lenet"]) == (["--seeds", "0"], ["--model", "lenet"])
+    assert _split(["--out", "x"]) == (["--out", "x"], [])
+    rows = [{"seed": s, "eval_accuracy": a, "global_step": 501, "warning": None, "wall_s": w, "cpu_s": 20.0,
+             "load_avg": 1.0} for s, a, w in ((0, 0.9, 30.0), (1, 1.0, 40.0), (2, 0.8, 35.0))]  # fmt: skip
+    assert table(rows).splitlines()[-1] == "| min / median | 0.800 / 0.900 | | | 30.0 / 35.0 | | |"
+    for name in ("a", "b"):
+        write_shapes_folder(tmp_path / name, classes=2, per_class=2, test_per_class=1, size=16, seed=3)
+    files = sorted(p.relative_to(tmp_path / "a").as_posix() for p in (tmp_path / "a").rglob("*.*"))
+    assert files == [
+        "test/circle/circle_0000.png",
+        "test/square/square_0000.png",
+        "train/circle/circle_0000.png",
+        "train/circle/circle_0001.jpg",
+        "train/square/square_0000.png",
+        "train/square/square_0001.jpg",
+    ]
+    assert all((tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes() for f in files)
+    photos = write_photo_folder(tmp_path / "photos", train=3, val=2)
+    assert sorted(p.parent.relative_to(photos).as_posix() for p in photos.rglob("*.jpg")) == [
+        "train/ants", "train/ants", "train/bees", "val/ants", "val/bees"]  # fmt: skip

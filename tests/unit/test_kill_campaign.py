@@ -1,4 +1,4 @@
-"""The kill campaign's verdict (benchmarks/kills/campaign.py) on records and folders made up here: what it calls a
+"""The kill campaign's verdict (benchmarks/kills/verdict.py) on records and folders made up here: what it calls a
 re-log a resume explains, and what a fault."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """python -m benchmarks: the machinery and the report schema (never the timings).
 
-The in-process tests; whole runs and launches are in ../integration/test_benchmark_runs.py.
+The in-process tests; whole runs and launches are in ../integration/test_speed_benchmark_runs.py.
 """
 
 from __future__ import annotations

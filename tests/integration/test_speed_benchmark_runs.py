@@ -1,6 +1,6 @@
 """python -m benchmarks: the machinery and the report schema (never the timings).
 
-Whole runs and launches; the in-process tests are in ../unit/test_benchmark.py.
+Whole runs and launches; the in-process tests are in ../unit/test_speed_benchmark.py.
 """
 
 from __future__ import annotations
