@@ -16,9 +16,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu_acceptance.checks import CHECK_NAMES, build_checks, fake_checks
-from benchmarks.gpu_acceptance.plan import device_plan, download_line, git_commit, print_plan
-from benchmarks.gpu_acceptance.runner import REPO, Context, Interrupted, counts_line, exit_code, run_all
+from benchmarks.gpu_acceptance.plan import CHECK_NAMES, build_checks, device_plan, download_line, git_commit, print_plan
+from benchmarks.gpu_acceptance.runner import (
+    PASS,
+    REPO,
+    Check,
+    Context,
+    Interrupted,
+    Step,
+    counts_line,
+    exit_code,
+    run_all,
+)
 
 DEFAULT_WORK = REPO / "runs" / "gpu_acceptance"
 DEFAULT_OUT = REPO / "runs" / "gpu_acceptance" / "report"
@@ -186,3 +195,17 @@ def _without_wheels(argv: list[str]) -> list[str]:
         elif not a.startswith("--wheels="):
             out.append(a)
     return out
+
+
+def fake_checks(ctx: Context) -> list[Check]:
+    """Tiny checks for the tests (``--fake-checks``): one passes, one sleeps until killed, one never starts."""
+
+    def step(label: str, code: str) -> Step:
+        return Step(label, [sys.executable, "-c", code])
+
+    def judge(m: dict[str, Any]) -> tuple[str, str]:
+        return PASS, "fine"
+
+    sleeper = "import os, time; print('b', 'started', os.getpid(), flush=True); time.sleep(120)"
+    spec = [("fake-a", "print('a done')", 30), ("fake-b", sleeper, 150), ("fake-c", "print('c done')", 30)]
+    return [Check(n, n, "exits 0", t, [step(n, code)], lambda ctx, o, c: {}, judge, min_s=1) for n, code, t in spec]

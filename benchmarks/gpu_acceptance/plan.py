@@ -1,8 +1,8 @@
-"""The device plan of the GPU acceptance (``--plan``): the checks grouped into device commands ordered by value and
-sized to today's device time (15 minutes for a whole session: the machine's start, every command, idle time and
-the hand-back; at most 10 minutes a command), each check with the seconds it should take on an H100
-(``sizing``); the wheels the GPU machine lacks with the lines that download and install them; what no command
-holds, and why; and the commit the report names."""
+"""The device plan of the GPU acceptance (``--plan``): every check in plan order (``CHECK_NAMES``), each defined in
+the module of its kind, grouped into device commands ordered by value and sized to today's device time (15 minutes
+for a whole session: the machine's start, every command, idle time and the hand-back; at most 10 minutes a command),
+each check with the seconds it should take on an H100 (``sizing``); the wheels the GPU machine lacks with the lines
+that download and install them; what no command holds, and why; and the commit the report names."""
 
 from __future__ import annotations
 
@@ -12,9 +12,28 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu_acceptance import sizing
-from benchmarks.gpu_acceptance.checks import build_checks
+from benchmarks.gpu_acceptance import environment, parallel, resume, sizing, speed
 from benchmarks.gpu_acceptance.runner import REPO, Check, Context
+
+# Every check in plan order: COMMANDS, then LATER, then the two-GPU one. Each timeout is at least sizing.MARGIN (1.3x)
+# the check's expected seconds on an H100, more where the estimate is least certain.
+BUILDERS = {
+    "setup": environment.setup_check, "bf16-resume": resume.bf16_resume_check, "ddp": parallel.ddp_check,
+    "throughput-bf16": speed.throughput_bf16_check, "compile": resume.compile_check,
+    "pytest": environment.pytest_check, "fsdp": resume.fsdp_check, "device-batch": speed.device_batch_check,
+    "sync-bn": parallel.sync_bn_check,
+    "throughput": speed.throughput_check, "resume": resume.resume_check, "speedrun": speed.speedrun_check,
+    "dp": parallel.dp_check,
+    "dp_ddp": parallel.dp_ddp_check,
+}  # fmt: skip
+CHECK_NAMES = tuple(BUILDERS)
+
+
+def build_checks(ctx: Context, names: list[str] | tuple[str, ...] = CHECK_NAMES) -> list[Check]:
+    checks = [BUILDERS[n](ctx) for n in names]
+    assert [c.name for c in checks] == list(names)
+    return checks
+
 
 # The device commands in the order a session runs them: (folder under $OUT, checks in order). The first holds the
 # verdicts that decide whether a GPU user can trust the project: CUDA and the carried wheels; one GPU trains,

@@ -1,7 +1,7 @@
 """The machinery of ``scripts/gpu_acceptance.py``: children streamed to logs, timeouts, a report that survives a kill.
 
 A check is a list of child processes (:class:`Step`) run in order, then a ``measure`` that reads what they
-wrote and a ``judge`` that decides from those measurements alone (each check's module: ``checks``). Every
+wrote and a ``judge`` that decides from those measurements alone (each in its check's module). Every
 child's output goes straight to the check's log file as it is printed (the child writes to the file
 itself), so a check killed half-way still leaves its output. The report (``acceptance.json`` and
 ``acceptance.md``) is rewritten before and after every check: killed at any moment, even with SIGKILL,

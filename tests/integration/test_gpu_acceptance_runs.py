@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, fit_small
 
-from benchmarks.gpu_acceptance import checks as C
 from benchmarks.gpu_acceptance import command as S
+from benchmarks.gpu_acceptance import plan as P
 from benchmarks.gpu_acceptance import resume as RS
 from benchmarks.gpu_acceptance import runner as R
 from benchmarks.gpu_acceptance import speed as SP
@@ -291,7 +291,7 @@ def test_measures_read_real_run_folders_and_the_judges_reject_cpu_stand_ins(cpu_
     import torch
 
     ctx = R.Context(tmp_path / "work", tmp_path / "out", 1, 600)
-    checks = {c.name: c for c in C.build_checks(ctx)}
+    checks = {c.name: c for c in P.build_checks(ctx)}
     runs = {"straight": cpu_resume_runs / "straight", "resumed": cpu_resume_runs / "resumed"}
     layout = {
         "throughput": {row: "straight" for row in SP.THROUGHPUT_ROWS},

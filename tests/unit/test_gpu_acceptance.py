@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu_acceptance import checks as C
 from benchmarks.gpu_acceptance import command as S
 from benchmarks.gpu_acceptance import environment as E
 from benchmarks.gpu_acceptance import parallel as PA
@@ -37,8 +36,8 @@ from benchmarks.gpu_acceptance.runs import tensor_diff
 
 def test_every_check_has_a_timeout_and_the_default_budget_fits_one_command():
     ctx = R.Context(Path("work"), Path("out"), 1, 0)
-    checks = C.build_checks(ctx)
-    assert [c.name for c in checks] == list(C.CHECK_NAMES)
+    checks = P.build_checks(ctx)
+    assert [c.name for c in checks] == list(P.CHECK_NAMES)
     assert all(0 < c.timeout_s <= 570 for c in checks)
     assert S.parse_args([]).budget_s < 570
 
@@ -66,7 +65,7 @@ def test_the_first_command_holds_the_decisive_verdicts_in_order_within_todays_de
 
 
 def test_the_decisive_checks_run_what_they_are_named_for():
-    checks = {c.name: c for c in C.build_checks(R.Context(Path("work"), Path("out"), 1, 0), DECISIVE)}
+    checks = {c.name: c for c in P.build_checks(R.Context(Path("work"), Path("out"), 1, 0), DECISIVE)}
     resume = [" ".join(s.argv) for s in checks["bf16-resume"].steps]
     assert len(resume) == 3 and all("--mixed-precision bf16" in a for a in resume)
     assert not any("channels-last" in a for a in resume)  # the CUDA default for a CNN is what is checked
@@ -81,8 +80,8 @@ def test_every_timeout_is_at_least_1_3_times_the_checks_expected_seconds():
     """Each check is sized from what it starts (processes whose start-up was measured on the CPU, what a GPU adds)
     and its FLOPs; the plan says the expected seconds and keeps 30% beyond them, also for each command's own
     start-up (the install, the driver, the first command's cold disk)."""
-    assert set(Z.TERMS) == set(C.CHECK_NAMES)
-    for check in C.build_checks(R.Context(Path("work"), Path("out"), 1, 0)):
+    assert set(Z.TERMS) == set(P.CHECK_NAMES)
+    for check in P.build_checks(R.Context(Path("work"), Path("out"), 1, 0)):
         assert check.timeout_s >= Z.MARGIN * Z.expected_s(check.name) > 0, check.name
     plan = _plan()
     expected = {c["name"]: c["expected_s"] for c in plan["checks"]}
@@ -96,10 +95,10 @@ def test_every_check_is_in_a_command_or_the_plan_says_why_not():
     plan = _plan()
     planned = [n for c in plan["commands"] for n in c["checks"]]
     assert len(planned) == len(set(planned)) and not set(planned) & set(plan["not_in_plan"])
-    assert set(planned) | set(plan["not_in_plan"]) == set(C.CHECK_NAMES)
+    assert set(planned) | set(plan["not_in_plan"]) == set(P.CHECK_NAMES)
     assert set(plan["later"]["checks"]) <= set(plan["not_in_plan"]) and plan["later"]["timeout_s"] <= 300
     assert all(len(why) > 40 for why in plan["not_in_plan"].values())
-    assert planned + plan["later"]["checks"] + ["dp_ddp"] == list(C.CHECK_NAMES)  # CHECK_NAMES is the plan's order
+    assert planned + plan["later"]["checks"] + ["dp_ddp"] == list(P.CHECK_NAMES)  # CHECK_NAMES is the plan's order
 
 
 def test_the_sizing_flops_are_the_flop_counters():
@@ -117,7 +116,7 @@ def test_every_training_command_of_the_plan_parses(tmp_path):
 
     ctx = R.Context(tmp_path / "work", tmp_path / "out", 1, 0)
     parsed = 0
-    for check in C.build_checks(ctx):
+    for check in P.build_checks(ctx):
         for step in check.steps:
             argv = [str(a) for a in step.argv]
             at = next((i for i, a in enumerate(argv) if a.endswith("scripts/train.py") or a == "shared-gpu-rank"), None)
