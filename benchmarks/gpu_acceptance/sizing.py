@@ -32,7 +32,7 @@ CPU_S = {
     # 7.8-11.5 s under load
     "compile_cold": 28.0,
     "compile_warm": 4.0,
-    # gpu_probe.write_cifar_like: 50k/10k random images in CIFAR-10's pickled format, for the speed run
+    # probe.write_cifar_like: 50k/10k random images in CIFAR-10's pickled format, for the speed run
     "cifar_files": 2.4,
     # the plan's install line (pip install --no-deps --target .whl/site of the four wheels): 0.5 s
     "install": 0.5,
@@ -51,7 +51,7 @@ GPU_S = {
     "gemm": 1.0,  # the GEMM peak probe: 53 bf16 8192^3 products (58 TFLOP) and their buffers
 }
 
-# FLOPs of one training step per 32x32 sample: FlopCounterMode's forward x 3 (gpu_probe.model_train_flops_per_sample;
+# FLOPs of one training step per 32x32 sample: FlopCounterMode's forward x 3 (probe.model_train_flops_per_sample;
 # resnet18's forward is 1.11 GFLOP = 0.56 GMAC). A unit test recounts them.
 TRAIN_FLOPS = {"resnet18": 3.33e9, "airbench": 0.709e9}
 # What an H100 achieves on these small convolutions, assumed and kept low on purpose (a lower rate gives a longer
