@@ -40,7 +40,7 @@ BUILTIN_DATASETS = frozenset({"digits", "synthetic", "mnist", "fashion_mnist", "
 AUGMENTED_SOURCES = ("imagefolder:", "hf:", "shards:")
 MODEL = "small_cnn_gn"
 #: The least optimizer steps of a run on the user's own data (measured on six 120-image shapes folders,
-#: ``benchmarks/shapes_bench.py``: 300 steps ended at 90-100% test accuracy, 400 at 90-100%, 500 at 96.7-100%).
+#: ``benchmarks/data/own_folder.py``: 300 steps ended at 90-100% test accuracy, 400 at 90-100%, 500 at 96.7-100%).
 MIN_STEPS = 500
 #: Photos (:func:`looks_like_photos`) fine-tune the PyTorch transfer-learning tutorial's model from its ImageNet
 #: weights when they are at hand (``photo_defaults.py``): the tutorial's recipe (SGD, momentum 0.9, lr 0.001 at

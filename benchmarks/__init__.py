@@ -1,8 +1,11 @@
-"""The benchmark harness (not part of the accel_train package): ``python -m benchmarks --help``.
+"""The benchmark harness (not part of the accel_train package), one folder per purpose:
 
-It measures the portable loop (``scripts/train.py`` launched as users launch it) against a
-hand-written plain loop and the seed-000 recipe in the same run; ``bench.py`` runs it, and each part has
-a module of its own (``setups``, ``portable``, ``plain``, ``plain_server``, ``study``, ``time_to_accuracy``,
-``startup``, ``machine``, ``results``, ``goals``, ``report``). The GPU acceptance is ``gpu_suite`` and its
-``gpu_*`` modules.
+* ``speed/``: the portable loop against a plain PyTorch loop and the seed-000 recipe (``python -m benchmarks
+  [--quick]``, ``scripts/benchmark.py``), and ``python -m benchmarks busy-threads``;
+* ``data/``: the user's own images at scale (``python -m benchmarks data-scale``) and in a first folder
+  (``python -m benchmarks shapes``, ``photos``);
+* ``gpu_acceptance/``: the GPU checks (``scripts/gpu_acceptance.py``);
+* ``kills/``: the kill campaign (``scripts/soak.py kills``);
+
+and ``common.py``, the helpers they share. Each folder's ``__init__.py`` says which file does what.
 """

@@ -9,20 +9,20 @@ visible) train CIFAR-shaped 3x32x32 synthetic data with resnet18 at batch 512, e
 
 CIFAR-10 time to 94% (--speedrun, on by default where a GPU is visible): airbench's recipe
 (configs/airbench_cifar10.yaml) through scripts/train.py, its training time beside airbench's published figures;
-python -m benchmarks.speedrun runs it alone.
+python -m benchmarks.speed.speedrun runs it alone.
 
-Writes OUT/benchmark.json, OUT/benchmark.md and OUT/benchmark.png (see benchmarks/bench.py).
+Writes OUT/benchmark.json, OUT/benchmark.md and OUT/benchmark.png (see benchmarks/speed/run.py).
 
 python -m benchmarks data-scale --root DIR [--train 100000]   # an image folder at scale beside torchvision's
-(benchmarks/data_scale.py: time to the first step, a second launch, a resume, indexing memory, pipeline images/s)
+(benchmarks/data/scale.py: time to the first step, a second launch, a resume, indexing memory, pipeline images/s)
 
 python -m benchmarks shapes [--seeds 0,1,2] [-- FLAGS]   # the README's folder command on drawn shapes, 3 seeds
-(benchmarks/shapes_bench.py: test accuracy, the memorisation warning, seconds from process start, CPU seconds)
+(benchmarks/data/own_folder.py: test accuracy, the memorisation warning, seconds from process start, CPU seconds)
 
 python -m benchmarks photos [--folder DIR] [--torch-home DIR]   # photos: fine-tuned beside from scratch
-(benchmarks/photos_bench.py: the default's choice, accuracy, seconds, CPU seconds)
+(benchmarks/data/own_folder.py: the default's choice, accuracy, seconds, CPU seconds)
 python -m benchmarks busy-threads [--rounds 3] [--hogs 1]   # a run beside a busy process: all cores, 1, the default
-(benchmarks/busy_threads.py: samples/s idle and beside CPU hogs, side by side, and the threads the default chose)
+(benchmarks/speed/busy_threads.py: samples/s idle and beside CPU hogs, side by side, and the threads the default chose)
 """
 
 import sys
@@ -111,19 +111,19 @@ def main(argv=None):
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["shapes"]:
-        from benchmarks.shapes_bench import main as shapes
+        from benchmarks.data.own_folder import main as shapes
 
         return shapes(argv[1:])
     if argv[:1] == ["photos"]:
-        from benchmarks.photos_bench import main as photos
+        from benchmarks.data.own_folder import photos_main as photos
 
         return photos(argv[1:])
     if argv[:1] == ["busy-threads"]:
-        from benchmarks.busy_threads import main as busy_threads
+        from benchmarks.speed.busy_threads import main as busy_threads
 
         return busy_threads(argv[1:])
     if argv[:1] == ["data-scale"]:
-        from benchmarks.data_scale import main as data_scale
+        from benchmarks.data.scale import main as data_scale
 
         return data_scale(argv[1:])
     args = _parser().parse_args(argv)
@@ -132,9 +132,9 @@ def main(argv=None):
 
     import shlex
 
-    from benchmarks.bench import run_benchmark
-    from benchmarks.report import README_BEGIN, README_END
-    from benchmarks.setups import BenchOptions
+    from benchmarks.speed.report import README_BEGIN, README_END
+    from benchmarks.speed.run import run_benchmark
+    from benchmarks.speed.setups import BenchOptions
 
     if args.readme is not None:  # before minutes of measuring, not after
         text = args.readme.read_text() if args.readme.is_file() else ""

@@ -1,7 +1,8 @@
 """Print accel_train's layers as its imports make them: each module one floor above everything it imports.
 
-    python3 scripts/layers.py            # floors, top first (packages such as data/ or checkpoint/ as one room)
-    python3 scripts/layers.py --modules  # every module on its own
+    python3 scripts/layers.py                        # floors, top first (packages such as data/ as one room)
+    python3 scripts/layers.py --modules              # every module on its own
+    python3 scripts/layers.py --package benchmarks   # the harness's floors (its folders as rooms)
 
 Imports inside functions count (they run too); imports under ``if TYPE_CHECKING:`` do not. A circle has no
 floors: the script then names it and exits 1 (``tests/unit/test_packaging.py`` keeps the package free of them).
@@ -19,9 +20,9 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "accel_train"
 
 
-def _imports(path: Path, module: str, inside_functions: bool = True) -> set[str]:
-    """The accel_train modules ``module`` imports at module level and (``inside_functions``) in its functions;
-    never those under ``if TYPE_CHECKING:``."""
+def _imports(path: Path, module: str, inside_functions: bool = True, root: str = PACKAGE) -> set[str]:
+    """The modules of package ``root`` that ``module`` imports at module level and (``inside_functions``) in its
+    functions; never those under ``if TYPE_CHECKING:``."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
 
@@ -30,13 +31,13 @@ def _imports(path: Path, module: str, inside_functions: bool = True) -> set[str]
             if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
                 visit(node.orelse)
             elif isinstance(node, ast.Import):
-                found.update(a.name for a in node.names if a.name.startswith(PACKAGE))
+                found.update(a.name for a in node.names if a.name.startswith(root))
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
                     parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join([*parts, base] if base else parts)
-                if base.startswith(PACKAGE):
+                if base.startswith(root):
                     found.add(base)
                     found.update(f"{base}.{a.name}" for a in node.names)
             elif isinstance(node, (ast.If, ast.Try)) or inside_functions:  # a guarded import runs at import time
@@ -46,14 +47,16 @@ def _imports(path: Path, module: str, inside_functions: bool = True) -> set[str]
     return found
 
 
-def import_graph(root: Path = REPO / PACKAGE, inside_functions: bool = True) -> dict[str, set[str]]:
-    """module -> the package's modules it imports (``inside_functions``: counting imports in functions)."""
+def import_graph(root: Path | None = None, inside_functions: bool = True) -> dict[str, set[str]]:
+    """module -> the modules of the package in folder ``root`` (default: accel_train) that it imports
+    (``inside_functions``: counting imports in functions)."""
+    root = root or REPO / PACKAGE
     modules = {}
     for path in sorted(root.rglob("*.py")):
         parts = path.relative_to(root.parent).with_suffix("").parts
         modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return {
-        name: {m for m in _imports(path, name, inside_functions) if m in modules and m != name}
+        name: {m for m in _imports(path, name, inside_functions, root.name) if m in modules and m != name}
         for name, path in modules.items()
     }
 
@@ -90,15 +93,20 @@ def floors(graph: dict[str, set[str]], by_module: bool = False) -> dict[str, int
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modules", action="store_true", help="every module on its own, not packages as one room")
+    parser.add_argument("--package", default=PACKAGE, help=f"the package folder to read (default: {PACKAGE})")
     args = parser.parse_args(argv)
+    package = args.package.strip("/")
+    if not (REPO / package / "__init__.py").is_file():
+        print(f"layers: {REPO / package} is not a package of this repository", file=sys.stderr)
+        return 2
     try:
-        placed = floors(import_graph(), by_module=args.modules)
+        placed = floors(import_graph(REPO / package), by_module=args.modules)
     except ValueError as exc:
         print(f"layers: {exc}", file=sys.stderr)
         return 1
     by_floor: dict[int, list[str]] = defaultdict(list)
     for room, k in placed.items():
-        by_floor[k].append(room.removeprefix(f"{PACKAGE}.") if room != PACKAGE else "accel_train (__init__)")
+        by_floor[k].append(room.removeprefix(f"{package}.") if room != package else f"{package} (__init__)")
     lines = [f"{k:2d}  {'  '.join(sorted(by_floor[k]))}" for k in sorted(by_floor, reverse=True)]
     sys.stdout.write("\n".join(lines) + "\n")
     return 0

@@ -8,7 +8,7 @@
                                                   # SIGKILL one run N times at random moments (steps, saves,
                                                   # evaluations, exports, the summary), --resume auto each time:
                                                   # weights, metrics.jsonl and the folder must come out whole
-                                                  # (benchmarks/kill_soak.py)
+                                                  # (benchmarks/kills/campaign.py)
 
 Prints one line per trial and a final 'N passed, N failed' line (kills: one line per attempt, then where the
 kills landed and the verdict); writes --out JSON.
@@ -139,8 +139,8 @@ def _kill_campaign(args) -> int:
         os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:]], env)
     import json
 
-    from benchmarks.kill_soak import campaign
-    from benchmarks.kill_verdict import summary_lines
+    from benchmarks.kills.campaign import campaign
+    from benchmarks.kills.verdict import summary_lines
 
     out = Path(args.out) if args.out else None
     result = campaign(

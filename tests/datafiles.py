@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.shapes import write_shapes_folder  # noqa: F401  (drawn shapes: tests and the benchmark share it)
+from benchmarks.data.folders import write_shapes_folder  # noqa: F401  (drawn shapes: tests and the benchmark share it)
 
 MNIST_NAMES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),

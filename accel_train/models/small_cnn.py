@@ -14,7 +14,7 @@ images on three classes). This network sees the image as a bag of local features
 whole map (one group): no statistic of the batch, so 1 process x 32 and 2 x 16 compute the same thing (the
 README's promise) and ``--bitwise`` takes it; on the shapes folders it is more accurate than BatchNorm was.
 ``small_cnn`` is the same network with BatchNorm and plain convolutions (the default before issue 50; its
-checkpoints still load as they were). Their accuracies on the shapes folders of ``benchmarks/shapes.py``:
+checkpoints still load as they were). Their accuracies on the shapes folders of ``benchmarks/data/folders.py``:
 docs/performance.md. A pure module: layer sizes
 from the constructor's arguments, no device or config logic.
 """

@@ -1,7 +1,7 @@
 """Issue 44: a first run on the user's own folder learns the task with the defaults chosen for it, a run that only
 memorised its images says so, and a resume keeps what the first attempt chose. In-process runs (``run_here``) on
 generated shapes folders; the choice itself is unit-tested in ../unit/test_defaults.py, the timing is in
-``benchmarks/shapes_bench.py``."""
+``benchmarks/data/own_folder.py``."""
 
 from __future__ import annotations
 

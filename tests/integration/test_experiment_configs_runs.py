@@ -86,7 +86,7 @@ def test_mnist_speedrun_recipe_learns_mnist_format_digits_in_its_three_epochs(tm
     digits in IDX files, its 3 epochs of batch 64 reach 95% (96.1% measured), in channels_last, evaluating every 50
     steps and at each epoch end. A recipe that stopped learning (an LR off by 100x, a lost schedule) fails here
     before it fails the benchmark."""
-    from benchmarks.mnist_rival import write_synthetic_mnist
+    from benchmarks.speed.mnist_rival import write_synthetic_mnist
 
     data = write_synthetic_mnist(tmp_path / "data", 2000, 1000)
     out = tmp_path / "run"

@@ -26,11 +26,11 @@ from pathlib import Path
 import pytest
 from conftest import REPO, fit_small
 
-from benchmarks import gpu_checks as C
-from benchmarks import gpu_judges as J
-from benchmarks import gpu_judges_state as JS
-from benchmarks import gpu_runner as R
-from benchmarks import gpu_suite as S
+from benchmarks.gpu_acceptance import command as S
+from benchmarks.gpu_acceptance import plan as P
+from benchmarks.gpu_acceptance import resume as RS
+from benchmarks.gpu_acceptance import runner as R
+from benchmarks.gpu_acceptance import speed as SP
 
 REQUIRED = {"setup", "bf16-resume", "ddp", "throughput-bf16", "compile", "pytest", "fsdp", "device-batch", "sync-bn"}
 
@@ -211,7 +211,16 @@ def _stop_resume_runs(root: Path, args: list[str]) -> Path:
 @pytest.fixture(scope="module")
 def cpu_resume_runs(tmp_path_factory):
     """The resume check's runs on the CPU, where F.dropout draws from the CPU RNG."""
-    args = ["--model", "benchmarks.gpu_models:dropout_net", "--optimizer", "sgd", "--lr", "0.05", "--max-steps", "20"]
+    args = [
+        "--model",
+        "benchmarks.gpu_acceptance.models:dropout_net",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.05",
+        "--max-steps",
+        "20",
+    ]
     return _stop_resume_runs(tmp_path_factory.mktemp("cpu_resume"), args)
 
 
@@ -219,7 +228,14 @@ def cpu_resume_runs(tmp_path_factory):
 def cpu_bf16_resume_runs(tmp_path_factory):
     """The bf16-resume check's runs on the CPU: bn_dropout_net in bf16 autocast with channels_last (on CUDA its
     default; asked for here), F.dropout on the CPU RNG."""
-    args = ["--model", "benchmarks.gpu_models:bn_dropout_net", "--synthetic-channels", "3", "--optimizer", "sgd"]
+    args = [
+        "--model",
+        "benchmarks.gpu_acceptance.models:bn_dropout_net",
+        "--synthetic-channels",
+        "3",
+        "--optimizer",
+        "sgd",
+    ]
     args += ["--lr", "0.05", "--max-steps", "20", "--mixed-precision", "bf16", "--channels-last"]
     return _stop_resume_runs(tmp_path_factory.mktemp("cpu_bf16_resume"), args)
 
@@ -227,16 +243,16 @@ def cpu_bf16_resume_runs(tmp_path_factory):
 def _cpu_measure(root: Path, run: str) -> dict:
     stopped = "wrong_stopped" if run == "wrong" else "stopped"
     records = [str(root / f"{label}.jsonl") for label in ("straight", stopped, run)]
-    return JS.resume_measurements(root / "straight", root / run, "resumed from step 7", records, 7, 20)
+    return RS.resume_measurements(root / "straight", root / run, "resumed from step 7", records, 7, 20)
 
 
 def test_resume_measure_on_real_cpu_runs_passes_a_good_resume_and_fails_a_swapped_rng(cpu_resume_runs):
     good = _cpu_measure(cpu_resume_runs, "resumed")
     assert good["rng"]["cpu"] == {"advanced": True, "equal": True}  # F.dropout used the CPU RNG, and it came back
     assert good["data_order"]["batches"] == [20, 7, 13] and good["optimizer_tensors"] > 0
-    assert JS.judge_resume(good)[0] == R.PASS, JS.judge_resume(good)
+    assert RS.judge_resume(good)[0] == R.PASS, RS.judge_resume(good)
     wrong = _cpu_measure(cpu_resume_runs, "wrong")
-    status, detail = JS.judge_resume(wrong)
+    status, detail = RS.judge_resume(wrong)
     assert status == R.FAIL and "the cpu RNG state at the end differs" in detail and "weights differ" in detail
     assert wrong["data_order"]["max_rel_diff"] == 0.0  # the same batches: only the dropout masks changed
 
@@ -247,7 +263,7 @@ def _stop_resume_check(root: Path, stopped: str, resumed: str) -> R.Check:
     steps = [
         R.Step(label, [], {"GPU_PROBE_RECORD": str(root / f"{rec}.jsonl")}, root / run) for label, rec, run in runs
     ]
-    return R.Check("bf16-resume", "", "", 1, steps, JS.measure_bf16_resume, JS.judge_bf16_resume, expected_steps=20,
+    return R.Check("bf16-resume", "", "", 1, steps, RS.measure_bf16_resume, RS.judge_bf16_resume, expected_steps=20,
                    stop_at=7)  # fmt: skip
 
 
@@ -260,13 +276,13 @@ def test_bf16_resume_on_real_cpu_runs_is_bitwise_and_a_swapped_rng_fails(cpu_bf1
     assert good["runs"]["resumed"]["mixed_precision"] == "bf16" and good["runs"]["resumed"]["channels_last"] is True
     assert good["weights_max_abs_diff"] == good["optimizer_max_abs_diff"] == 0.0
     assert good["rng"]["cpu"] == {"advanced": True, "equal": True}
-    status, detail = JS.judge_bf16_resume(good)
+    status, detail = RS.judge_bf16_resume(good)
     assert status == R.PASS and "bitwise equal" in detail, detail
     check = _stop_resume_check(cpu_bf16_resume_runs, "wrong_stopped", "wrong")
     wrong = check.measure(None, said, check)
-    status, detail = JS.judge_bf16_resume(wrong)
+    status, detail = RS.judge_bf16_resume(wrong)
     assert status == R.FAIL and "the cpu RNG state at the end differs" in detail, detail
-    assert "weights differ" in detail and wrong["weights_max_abs_diff"] > 10 * JS.BF16_RESUME_TOL  # 0.04 here
+    assert "weights differ" in detail and wrong["weights_max_abs_diff"] > 10 * RS.BF16_RESUME_TOL  # 0.04 here
 
 
 def test_measures_read_real_run_folders_and_the_judges_reject_cpu_stand_ins(cpu_resume_runs, tmp_path, capsys):
@@ -275,10 +291,10 @@ def test_measures_read_real_run_folders_and_the_judges_reject_cpu_stand_ins(cpu_
     import torch
 
     ctx = R.Context(tmp_path / "work", tmp_path / "out", 1, 600)
-    checks = {c.name: c for c in C.build_checks(ctx)}
+    checks = {c.name: c for c in P.build_checks(ctx)}
     runs = {"straight": cpu_resume_runs / "straight", "resumed": cpu_resume_runs / "resumed"}
     layout = {
-        "throughput": {row: "straight" for row in J.THROUGHPUT_ROWS},
+        "throughput": {row: "straight" for row in SP.THROUGHPUT_ROWS},
         "throughput-bf16": {"bf16": "straight"},
         "fsdp": {"straight": "straight", "resumed": "resumed"},
         "compile": {"eager": "straight", "straight": "straight", "resumed": "resumed"},

@@ -133,7 +133,7 @@ def _records(train: list[tuple[int, float, float]], evals: list[tuple[int, float
     }
 
 
-# lenet, no augmentation, 40 epochs on the 120-image shapes folder (measured: seed 0 of benchmarks/shapes_bench.py)
+# lenet, no augmentation, 40 epochs on the 120-image shapes folder (measured: seed 0 of benchmarks/data/own_folder.py)
 MEMORISED = _records(
     [(10, 1.1, 0.4), (60, 0.2, 0.95), (120, 0.01, 1.0)], [(3, 1.17, 0.3), (30, 2.2, 0.37), (120, 5.37, 0.37)]
 )

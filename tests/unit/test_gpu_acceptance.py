@@ -23,21 +23,21 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import gpu_checks as C
-from benchmarks import gpu_judges as J
-from benchmarks import gpu_judges_parallel as JP
-from benchmarks import gpu_judges_state as JS
-from benchmarks import gpu_plan as P
-from benchmarks import gpu_runner as R
-from benchmarks import gpu_sizing as Z
-from benchmarks import gpu_suite as S
-from benchmarks.gpu_runs import tensor_diff
+from benchmarks.gpu_acceptance import command as S
+from benchmarks.gpu_acceptance import environment as E
+from benchmarks.gpu_acceptance import parallel as PA
+from benchmarks.gpu_acceptance import plan as P
+from benchmarks.gpu_acceptance import resume as RS
+from benchmarks.gpu_acceptance import runner as R
+from benchmarks.gpu_acceptance import sizing as Z
+from benchmarks.gpu_acceptance import speed as SP
+from benchmarks.gpu_acceptance.runs import tensor_diff
 
 
 def test_every_check_has_a_timeout_and_the_default_budget_fits_one_command():
     ctx = R.Context(Path("work"), Path("out"), 1, 0)
-    checks = C.build_checks(ctx)
-    assert [c.name for c in checks] == list(C.CHECK_NAMES)
+    checks = P.build_checks(ctx)
+    assert [c.name for c in checks] == list(P.CHECK_NAMES)
     assert all(0 < c.timeout_s <= 570 for c in checks)
     assert S.parse_args([]).budget_s < 570
 
@@ -65,7 +65,7 @@ def test_the_first_command_holds_the_decisive_verdicts_in_order_within_todays_de
 
 
 def test_the_decisive_checks_run_what_they_are_named_for():
-    checks = {c.name: c for c in C.build_checks(R.Context(Path("work"), Path("out"), 1, 0), DECISIVE)}
+    checks = {c.name: c for c in P.build_checks(R.Context(Path("work"), Path("out"), 1, 0), DECISIVE)}
     resume = [" ".join(s.argv) for s in checks["bf16-resume"].steps]
     assert len(resume) == 3 and all("--mixed-precision bf16" in a for a in resume)
     assert not any("channels-last" in a for a in resume)  # the CUDA default for a CNN is what is checked
@@ -80,9 +80,9 @@ def test_every_timeout_is_at_least_1_3_times_the_checks_expected_seconds():
     """Each check is sized from what it starts (processes whose start-up was measured on the CPU, what a GPU adds)
     and its FLOPs; the plan says the expected seconds and keeps 30% beyond them, also for each command's own
     start-up (the install, the driver, the first command's cold disk)."""
-    assert set(Z.TERMS) == set(C.CHECK_NAMES)
-    for name in C.CHECK_NAMES:
-        assert C.TIMEOUTS[name] >= Z.MARGIN * Z.expected_s(name) > 0, name
+    assert set(Z.TERMS) == set(P.CHECK_NAMES)
+    for check in P.build_checks(R.Context(Path("work"), Path("out"), 1, 0)):
+        assert check.timeout_s >= Z.MARGIN * Z.expected_s(check.name) > 0, check.name
     plan = _plan()
     expected = {c["name"]: c["expected_s"] for c in plan["checks"]}
     for i, cmd in enumerate([*plan["commands"], plan["later"]]):
@@ -95,19 +95,19 @@ def test_every_check_is_in_a_command_or_the_plan_says_why_not():
     plan = _plan()
     planned = [n for c in plan["commands"] for n in c["checks"]]
     assert len(planned) == len(set(planned)) and not set(planned) & set(plan["not_in_plan"])
-    assert set(planned) | set(plan["not_in_plan"]) == set(C.CHECK_NAMES)
+    assert set(planned) | set(plan["not_in_plan"]) == set(P.CHECK_NAMES)
     assert set(plan["later"]["checks"]) <= set(plan["not_in_plan"]) and plan["later"]["timeout_s"] <= 300
     assert all(len(why) > 40 for why in plan["not_in_plan"].values())
-    assert planned + plan["later"]["checks"] + ["dp_ddp"] == list(C.CHECK_NAMES)  # CHECK_NAMES is the plan's order
+    assert planned + plan["later"]["checks"] + ["dp_ddp"] == list(P.CHECK_NAMES)  # CHECK_NAMES is the plan's order
 
 
 def test_the_sizing_flops_are_the_flop_counters():
     from accel_train.trainer import WARMUP_STEPS_EXCLUDED
-    from benchmarks.gpu_probe import model_train_flops_per_sample
+    from benchmarks.gpu_acceptance.probe import model_train_flops_per_sample
 
     for model, flops in Z.TRAIN_FLOPS.items():
         assert flops == pytest.approx(model_train_flops_per_sample(model), rel=0.01), model
-    assert J.TIMED_AFTER_STEPS == WARMUP_STEPS_EXCLUDED
+    assert SP.TIMED_AFTER_STEPS == WARMUP_STEPS_EXCLUDED
 
 
 def test_every_training_command_of_the_plan_parses(tmp_path):
@@ -116,7 +116,7 @@ def test_every_training_command_of_the_plan_parses(tmp_path):
 
     ctx = R.Context(tmp_path / "work", tmp_path / "out", 1, 0)
     parsed = 0
-    for check in C.build_checks(ctx):
+    for check in P.build_checks(ctx):
         for step in check.steps:
             argv = [str(a) for a in step.argv]
             at = next((i for i, a in enumerate(argv) if a.endswith("scripts/train.py") or a == "shared-gpu-rank"), None)
@@ -220,7 +220,7 @@ def _judged(judge, good: dict, wrongs: dict[str, dict]) -> None:
 def test_setup_judge_fails_when_a_wheel_does_not_import_or_no_gpu():
     good = {"seconds": {"torch": 3.0, "evaluate": 2.0}, "errors": {}, "metric_accuracy": 2 / 3,
             "transformers_imported_by_evaluate": True, "cuda": {"available": True, "device": "H100"}}  # fmt: skip
-    _judged(J.judge_setup, good, {
+    _judged(E.judge_setup, good, {
         "datasets missing": _wrong(good, errors={"datasets": "ModuleNotFoundError: No module named 'datasets'"}),
         "no GPU": _wrong(good, cuda={"available": False}),
         "metric wrong": _wrong(good, metric_accuracy=1.0),
@@ -230,16 +230,16 @@ def test_setup_judge_fails_when_a_wheel_does_not_import_or_no_gpu():
 def test_pytest_judge_fails_on_failures_and_on_nothing_passed_even_when_killed():
     done = "tests/test_gpu.py::a PASSED [ 50%]\ntests/test_gpu.py::b PASSED [100%]\n"
     done += "==== 2 passed, 600 deselected in 9.1s ===="
-    good = J.pytest_counts(done, 0)
+    good = E.pytest_counts(done, 0)
     assert (good["passed"], good["deselected"], good["finished"]) == (2, 600, True)
     failed = "FAILED tests/test_gpu.py::b - assert 0\n==== 1 failed, 1 passed in 9.1s ===="
     skipped = "==== 3 skipped, 600 deselected in 2.0s ===="
     killed = "[gw0] [ 50%] PASSED tests/test_gpu.py::a \n[gw1] [ 60%] FAILED tests/test_gpu.py::b \n"
-    partial = J.pytest_counts(killed, None)
+    partial = E.pytest_counts(killed, None)
     assert (partial["passed"], partial["failed"], partial["finished"]) == (1, 1, False)
-    _judged(J.judge_pytest, good, {
-        "a test failed": J.pytest_counts(failed, 1),
-        "everything skipped": J.pytest_counts(skipped, 0),
+    _judged(E.judge_pytest, good, {
+        "a test failed": E.pytest_counts(failed, 1),
+        "everything skipped": E.pytest_counts(skipped, 0),
         "exit code": {**good, "returncode": 3},
         "killed half-way": partial,
     })  # fmt: skip
@@ -253,7 +253,7 @@ def _throughput_good() -> dict:
         "fp16": _run(200, mixed_precision="fp16", tf32=True, samples_per_s=29000.0, loss_scale=32768.0,
                      fp16_skipped_steps=2),
     }  # fmt: skip
-    return J.throughput_metrics({"train_flops_per_sample": 1.7e9, "peak_bf16_tflops": 790.0}, rows, 200)
+    return SP.throughput_metrics({"train_flops_per_sample": 1.7e9, "peak_bf16_tflops": 790.0}, rows, 200)
 
 
 def test_throughput_judge_needs_true_fp32_separate_tf32_and_a_real_fp16_loss_scale():
@@ -272,21 +272,21 @@ def test_throughput_judge_needs_true_fp32_separate_tf32_and_a_real_fp16_loss_sca
         "NaN loss": _wrong(good, runs__tf32__eval_loss=math.nan),
         "short run": _wrong(good, runs__bf16__global_step=150),
     }
-    _judged(J.judge_throughput, good, wrongs)
+    _judged(SP.judge_throughput, good, wrongs)
 
 
 def _throughput_bf16_good() -> dict:
     row = _run(200, mixed_precision="bf16", tf32=True, channels_last=True, samples_per_s=30000.0, loss_scale=None,
                peak_memory_mb=2048.0)  # fmt: skip
-    return J.throughput_metrics({"train_flops_per_sample": 3.33e9, "peak_bf16_tflops": 790.0}, {"bf16": row}, 200)
+    return SP.throughput_metrics({"train_flops_per_sample": 3.33e9, "peak_bf16_tflops": 790.0}, {"bf16": row}, 200)
 
 
 def test_throughput_bf16_judge_needs_a_whole_bf16_row_in_channels_last_and_the_gemm_peak():
     good = _throughput_bf16_good()
     assert good["runs"]["bf16"]["mfu"] == pytest.approx(3.33e9 * 30000 / 790e12, abs=1e-4)
-    status, detail = J.judge_throughput_bf16(good)
+    status, detail = SP.judge_throughput_bf16(good)
     assert status == R.PASS and "30,000 samples/s, MFU 12.7%" in detail and "2,048 MB" in detail
-    _judged(J.judge_throughput_bf16, good, {
+    _judged(SP.judge_throughput_bf16, good, {
         "ran as fp16": _wrong(good, runs__bf16__mixed_precision="fp16"),
         "NCHW": _wrong(good, runs__bf16__channels_last=False),
         "no row": {**good, "runs": {}},
@@ -308,7 +308,7 @@ def _resume_good() -> dict:
 
 def test_resume_judge_fails_on_weights_optimizer_order_and_an_rng_nothing_used():
     good = _resume_good()
-    _judged(JS.judge_resume, good, {
+    _judged(RS.judge_resume, good, {
         "weights": _wrong(good, weights_max_abs_diff=3e-3),
         "optimizer": _wrong(good, optimizer_max_abs_diff=1e-3),
         "order": _wrong(good, data_order__max_rel_diff=0.02),
@@ -325,10 +325,10 @@ def test_resume_judge_fails_on_weights_optimizer_order_and_an_rng_nothing_used()
 def test_bf16_resume_judge_needs_bf16_in_channels_last_and_near_bitwise_weights():
     bf16 = _run(40, mixed_precision="bf16", channels_last=True)
     good = {**_resume_good(), "runs": {"straight": bf16, "resumed": dict(bf16)}}
-    assert JS.judge_bf16_resume(good) == (R.PASS, JS.judge_bf16_resume(good)[1])
-    assert "bitwise equal" in JS.judge_bf16_resume(good)[1]
-    assert JS.judge_bf16_resume(_wrong(good, weights_max_abs_diff=5e-5))[0] == R.PASS  # round-off, far below a mistake
-    _judged(JS.judge_bf16_resume, good, {
+    assert RS.judge_bf16_resume(good) == (R.PASS, RS.judge_bf16_resume(good)[1])
+    assert "bitwise equal" in RS.judge_bf16_resume(good)[1]
+    assert RS.judge_bf16_resume(_wrong(good, weights_max_abs_diff=5e-5))[0] == R.PASS  # round-off, far below a mistake
+    _judged(RS.judge_bf16_resume, good, {
         "fp32": _wrong(good, runs__straight__mixed_precision="no"),
         "NCHW": _wrong(good, runs__resumed__channels_last=False),
         "weights (a wrong RNG state moved them 8.6e-4 on the CPU)": _wrong(good, weights_max_abs_diff=8.6e-4),
@@ -348,7 +348,7 @@ def _fsdp_good() -> dict:
 
 def test_fsdp_judge_fails_on_a_diverged_resume_a_stale_export_and_wrong_keys():
     good = _fsdp_good()
-    _judged(JS.judge_fsdp, good, {
+    _judged(RS.judge_fsdp, good, {
         "resume diverged": _wrong(good, resumed_vs_straight=4e-3),
         "export is not the checkpoint": _wrong(good, export_vs_checkpoint=1e-3),
         "checkpoint unreadable": _wrong(good, export_vs_checkpoint=math.inf, merge_error="ValueError: x"),
@@ -366,27 +366,29 @@ def test_fsdp_export_is_compared_with_the_sharded_checkpoint_read_on_the_cpu(tmp
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from benchmarks.gpu_models import bn_net
+    from benchmarks.gpu_acceptance.models import bn_net
 
     model = bn_net().state_dict()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.save({"model": model}, storage_writer=dcp.FileSystemWriter(str(tmp_path / "pytorch_model_fsdp_0")),
                  no_dist=True)  # fmt: skip
-    merged = JS.merged_fsdp_weights(tmp_path)
-    assert tensor_diff(merged, model) == 0.0 and not JS.keys_vs_model(merged, "benchmarks.gpu_models:bn_net", 3, 32)
+    merged = RS.merged_fsdp_weights(tmp_path)
+    assert tensor_diff(merged, model) == 0.0 and not RS.keys_vs_model(
+        merged, "benchmarks.gpu_acceptance.models:bn_net", 3, 32
+    )
     stale = {k: v.clone() for k, v in model.items()}
     stale["fc.weight"] += 1e-3
     good = _fsdp_good()
-    assert JS.judge_fsdp({**good, "export_vs_checkpoint": tensor_diff(stale, merged)})[0] == R.FAIL
-    assert JS.keys_vs_model({"fc.weight": torch.zeros(5, 512)}, "benchmarks.gpu_models:bn_net", 3, 32)
+    assert RS.judge_fsdp({**good, "export_vs_checkpoint": tensor_diff(stale, merged)})[0] == R.FAIL
+    assert RS.keys_vs_model({"fc.weight": torch.zeros(5, 512)}, "benchmarks.gpu_acceptance.models:bn_net", 3, 32)
 
 
 def test_compile_judge_fails_when_nothing_compiled_or_the_resume_diverged():
     good = {"eager": _run(20), "straight": _run(20), "compiled": _run(20), "compile_flag": True,
             "expected_steps": 20, "resume_reported": True, "resumed_vs_straight": 0.0, "compiled_vs_eager": 3e-5,
             "wrapped_keys": [], "inductor_files": 12}  # fmt: skip
-    _judged(JS.judge_compile, good, {
+    _judged(RS.judge_compile, good, {
         "nothing compiled": _wrong(good, inductor_files=0),
         "flag off": _wrong(good, compile_flag=False),
         "resume diverged": _wrong(good, resumed_vs_straight=2e-4),
@@ -400,7 +402,7 @@ def test_ddp_judge_fails_without_nccl_or_a_world_size_one_ddp():
     good = {"plain": _run(20, distributed_type="NO", world_size=1),
             "ddp": _run(20, distributed_type="MULTI_GPU", world_size=1),
             "expected_steps": 20, "nccl_initialised": True, "ddp_vs_plain": 0.0}  # fmt: skip
-    _judged(JP.judge_ddp, good, {
+    _judged(PA.judge_ddp, good, {
         "no NCCL": _wrong(good, nccl_initialised=False),
         "not DDP": _wrong(good, ddp__distributed_type="NO"),
         "diverged": _wrong(good, ddp_vs_plain=1e-3),
@@ -411,7 +413,7 @@ def test_sync_bn_judge_fails_when_the_control_does_not_differ():
     good = {"one": _run(12, world_size=1, global_batch=32), "synced": _run(12, world_size=2, global_batch=32),
             "unsynced": _run(12, world_size=2, global_batch=32), "expected_steps": 12, "converted": True,
             "synced_vs_one": 5e-7, "unsynced_vs_one": 2e-2}  # fmt: skip
-    _judged(JP.judge_sync_bn, good, {
+    _judged(PA.judge_sync_bn, good, {
         "synced differs": _wrong(good, synced_vs_one=1e-2),
         "control proves nothing": _wrong(good, unsynced_vs_one=1e-5),
         "control barely farther": _wrong(good, synced_vs_one=2e-5, unsynced_vs_one=1.5e-4),
@@ -425,13 +427,13 @@ def test_data_parallel_judge_fails_on_wrong_threads_dtype_or_gradients_and_repor
     good = {"replica_calls": 2, "replica_threads": 2, "main_thread_ran_a_replica": False,
             "replica_devices": ["cuda:0"], "replica_dtypes": ["torch.bfloat16"], "grad_max_abs_diff": 0.0,
             "grad_max_abs": 0.3}  # fmt: skip
-    _judged(JP.judge_data_parallel, good, {
+    _judged(PA.judge_data_parallel, good, {
         "fp16 replicas": _wrong(good, replica_dtypes=["torch.float16"]),
         "one thread": _wrong(good, replica_threads=1),
         "double-counted gradient": _wrong(good, grad_max_abs_diff=0.3),
         "on the host": _wrong(good, replica_devices=["cpu:None"]),
     })  # fmt: skip
-    status, detail = JP.judge_data_parallel({"refused": "AssertionError: duplicate device ids"})
+    status, detail = PA.judge_data_parallel({"refused": "AssertionError: duplicate device ids"})
     assert status == R.NOT_RUN and "duplicate device ids" in detail
 
 
@@ -439,7 +441,7 @@ def test_device_batch_judge_fails_when_the_data_stays_on_the_host_or_the_split_i
     good = {**_run(2, mixed_precision="bf16"), "expected_steps": 2, "expected_global_batch": 32768,
             "global_batch": 32768, "micro_batch": 8192, "accum_steps": 4, "probed_micro_batch": 8192,
             "data_on_device": True}  # fmt: skip
-    _judged(JP.judge_device_batch, good, {
+    _judged(SP.judge_device_batch, good, {
         "data on the host": _wrong(good, data_on_device=False),
         "no probe": _wrong(good, probed_micro_batch=None),
         "ignored the probe": _wrong(good, micro_batch=4096, accum_steps=8),
@@ -451,7 +453,7 @@ def test_speedrun_judge_needs_augmentation_on_the_device_and_a_warm_up():
     good = {**_run(648, mixed_precision="bf16"), "data_on_device": True, "augment": "random_crop(2)+hflip",
             "train_time_s": 9.5, "samples_per_s": 70000.0,
             "probe": {"same_process": True, "warmup_steps": 60, "cudnn_benchmark": True}}  # fmt: skip
-    _judged(J.judge_speedrun, good, {
+    _judged(SP.judge_speedrun, good, {
         "synthetic (no augmentation)": _wrong(good, augment=None),
         "data on the host": _wrong(good, data_on_device=False),
         "no warm-up": _wrong(good, probe={"same_process": True, "warmup_steps": 0, "cudnn_benchmark": True}),
@@ -464,24 +466,24 @@ def test_speedrun_probe_trains_on_cifar_format_files_with_augmentation_after_a_w
     """The speed run's data path on the CPU: real CIFAR-10-format files make the recipe augment (synthetic data
     did not), the warm-up runs first in the same process; here, on the CPU, the judge says the data was not on
     a GPU."""
-    from benchmarks.gpu_probe import probe_speedrun
+    from benchmarks.gpu_acceptance.probe import probe_speedrun
 
     small = ("--batch-size", "8", "--global-batch-size", "8", "--max-steps", "4", "--warmup-steps", "1")
     small += ("--mixed-precision", "no", "--image-size", "16", "--eval-batch-size", "40")  # bf16 is slow on CPUs
     out = tmp_path / "speedrun.json"
     assert probe_speedrun(tmp_path / "work", out, 2, sizes=(80, 40), extra=small) == 0
     check = R.Check("speedrun", "", "", 1, [R.Step("speedrun", ["python3", "--out", str(out)])], None, None)
-    m = J.measure_speedrun(None, {}, check)
+    m = SP.measure_speedrun(None, {}, check)
     assert m["augment"] and m["global_step"] == 4 and m["probe"]["warmup_steps"] == 2 and m["probe"]["same_process"]
     assert m["mixed_precision"] == "no"  # the test's flags come after the probe's bf16: they win
-    status, detail = J.judge_speedrun(m)
+    status, detail = SP.judge_speedrun(m)
     assert status == R.FAIL and "ran on 'cpu'" in detail and "not on the GPU" in detail
 
 
 def test_dp_ddp_judge_fails_on_diverged_weights():
     good = {"layout": [True, 1, 2], "dp_vs_ddp": 1e-7}
     _judged(
-        JP.judge_dp_ddp, good, {"diverged": _wrong(good, dp_vs_ddp=1e-3), "layout": _wrong(good, layout=[False, 1, 2])}
+        PA.judge_dp_ddp, good, {"diverged": _wrong(good, dp_vs_ddp=1e-3), "layout": _wrong(good, layout=[False, 1, 2])}
     )
 
 

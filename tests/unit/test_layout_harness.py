@@ -85,6 +85,42 @@ def test_the_circle_check_sees_one_closed_inside_a_function(tmp_path):
     assert _circle(pkg) == "import circle: benchmarks.bench -> benchmarks.speedrun -> benchmarks.bench"
 
 
+HARNESS = REPO / "benchmarks"
+#: benchmarks/ by purpose (issue 52): the speed benchmark, the data benchmarks, the GPU acceptance, the kill campaign.
+PURPOSES = ("data", "gpu_acceptance", "kills", "speed")
+#: File-name prefixes that once said a file's purpose; the folder says it now.
+PURPOSE_PREFIX = re.compile(r"^(gpu|kill|data|shapes|bench|speed|photos)_")
+
+
+def test_the_harness_is_a_folder_per_purpose_each_saying_what_its_files_do():
+    """benchmarks/ holds one folder per purpose and the helpers they share; no file name carries its purpose as a
+    prefix, and each folder's ``__init__`` docstring names every module in it (what it is for, in one place)."""
+    top = sorted(p.name for p in HARNESS.iterdir() if p.name != "__pycache__")
+    assert top == ["__init__.py", "__main__.py", "common.py", *PURPOSES]
+    prefixed = sorted(p.relative_to(REPO).as_posix() for p in HARNESS.rglob("*.py") if PURPOSE_PREFIX.match(p.name))
+    assert not prefixed, f"the folder says the purpose: rename {prefixed}"
+    for folder in PURPOSES:
+        doc = ast.get_docstring(ast.parse((HARNESS / folder / "__init__.py").read_text())) or ""
+        unnamed = [p.stem for p in sorted((HARNESS / folder).glob("*.py")) if p.stem != "__init__" and
+                   f"``{p.stem}``" not in doc]  # fmt: skip
+        assert not unnamed, f"benchmarks/{folder}/__init__.py does not say what these do: {unnamed}"
+
+
+def test_layers_shows_the_harness_as_its_folders():
+    """``scripts/layers.py --package benchmarks``: the folders as rooms, ``__main__`` (the command line) on top."""
+    import contextlib
+    import io
+
+    layers = _layers_for(HARNESS)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert layers.main(["--package", "benchmarks"]) == 0
+    floors = {room: int(k) for k, *rooms in (line.strip().split("  ") for line in out.getvalue().splitlines())
+              for room in rooms}  # fmt: skip
+    assert set(floors) == {"__main__", "benchmarks (__init__)", "common", *PURPOSES}
+    assert floors["__main__"] == max(floors.values()) and floors["common"] == 1
+
+
 TESTS = REPO / "tests"
 #: Names a test file takes after a review round or an issue, not after what it covers.
 ROUND_NAMES = re.compile(r"_more\b|polish|user_experience|round|finding|issue_?\d|review")
