@@ -65,6 +65,7 @@ PROBABILITY_NOTE = (
     "(class 1 above 0); if it is a probability (a Sigmoid at the end), pass predict_fn=lambda out, batch: "
     "(out > 0.5).long()"
 )
+PROBABILITY_SEEN = 8  # outputs that must all lie in [0, 1] for the note (a fresh model's few logits may, by chance)
 EVAL_DRAWS_NOTE = (
     "accel_train: note: the collate draws random numbers at evaluation too (random masking?): the eval figures "
     "then depend on how the eval set is batched, and differ between 1 and N processes"
@@ -287,11 +288,8 @@ class GenericTask:
         """What the check batch shows that a run would otherwise get wrong without a word."""
         if self.classification and self.predict_fn is None:
             values = output_tensor(outputs)
-            if (
-                values.dim() == labels.dim() + 1
-                and values.shape[-1] == 1
-                and bool(((values >= 0) & (values <= 1)).all())
-            ):
+            one = values.dim() == labels.dim() + 1 and values.shape[-1] == 1
+            if one and values.numel() >= PROBABILITY_SEEN and bool(((values >= 0) & (values <= 1)).all()):
                 self.say(PROBABILITY_NOTE)
         if self._eval_head and draws(self.collate, self._eval_head):
             self.say(EVAL_DRAWS_NOTE)
