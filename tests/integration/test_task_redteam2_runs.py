@@ -327,3 +327,39 @@ def test_a_monitor_typo_with_one_eval_sample_on_two_processes_is_one_line(tmp_pa
     assert any("error:" in line and "monitor" in line for line in output.splitlines()), output[-3000:]
     assert "Connection closed by peer" not in output, output[-3000:]
     assert not (tmp_path / "monitor_one_eval" / "checkpoints").exists()
+
+
+# --------------------------------------------------------------------------- round 3: tied weights
+
+
+class _Tied(nn.Module):
+    """Two layers sharing one weight, as a language model ties its embeddings and its output layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.encode = nn.Linear(4, 4)
+        self.decode = nn.Linear(4, 4)
+        self.decode.weight = self.encode.weight
+
+    def forward(self, x):
+        return self.decode(torch.relu(self.encode(x)))
+
+
+def test_a_model_with_tied_weights_checkpoints_and_resumes_as_a_straight_run(tmp_path):
+    """Tied weights made every checkpoint fail (safetensors refuses shared tensors): the run was lost at its first
+    save. Now: stop + resume equal a straight run, and the resumed model's layers still share their weight."""
+    x = rt.features(64)
+    y = (x[:, 0] > 0).long() + 2 * (x[:, 1] > 0).long()
+    train, test = TensorDataset(x[:48], y[:48]), TensorDataset(x[48:], y[48:])
+
+    def go(out, **options):
+        return accel_train.train(_Tied, train, test, output_dir=str(out), **{**rt.BASE, "max_steps": 8, **options})
+
+    go(tmp_path / "straight", checkpoint_every=2)
+    go(tmp_path / "stopped", checkpoint_every=2, stop_at_step=4)
+    assert go(tmp_path / "stopped", checkpoint_every=2, resume="auto")["global_step"] == 8
+    a, b = weights(tmp_path / "straight"), weights(tmp_path / "stopped")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    fresh = _Tied()
+    fresh.load_state_dict(b, strict=True)
+    assert fresh.decode.weight is fresh.encode.weight
