@@ -43,5 +43,5 @@ if __name__ == "__main__":
         epochs=40,
         early_stop_patience=10,
         output_dir="runs/regression",
-        overwrite=True,
+        resume="auto",  # run again after a stop (SIGTERM, a requeue): it goes on from the last checkpoint
     )

@@ -39,6 +39,7 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="a small BERT from a config, nothing downloaded")
     parser.add_argument("--output-dir", default="runs/text_classification")
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--overwrite", action="store_true", help="start over in --output-dir (default: resume there)")
     args = parser.parse_args()
 
     if args.csv:
@@ -77,7 +78,8 @@ def main() -> None:
         global_batch_size=32,
         epochs=args.epochs,
         output_dir=args.output_dir,
-        overwrite=True,
+        resume=None if args.overwrite else "auto",  # run again after a stop (SIGTERM): it goes on from there
+        overwrite=args.overwrite,
     )
 
 

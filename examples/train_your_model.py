@@ -29,4 +29,4 @@ if __name__ == "__main__":
     images = torch.tensor(digits.images[:, None] / 16.0, dtype=torch.float32)  # [N, 1, 8, 8] in [0, 1]
     labels = torch.tensor(digits.target)
     train_set, test_set = TensorDataset(images[:1400], labels[:1400]), TensorDataset(images[1400:], labels[1400:])
-    accel_train.train(TinyNet, train_set, test_set, epochs=4, output_dir="runs/your_model", overwrite=True)
+    accel_train.train(TinyNet, train_set, test_set, epochs=4, output_dir="runs/your_model", resume="auto")

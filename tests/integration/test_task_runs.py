@@ -232,6 +232,10 @@ def test_regression_example_runs_on_two_processes(tmp_path):
     assert s["world_size"] == 2 and s["eval_samples"] == 92
     assert s["eval_r_squared"] > 0.3  # the diabetes data: a linear model reaches about 0.5
     assert os.path.isfile(tmp_path / "runs" / "regression" / "best" / "model.safetensors")
+    # run again, as a requeued job would: the example resumes its run (here complete), never starts it over
+    check(subprocess.run(cmd, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=600))
+    again = summary(tmp_path / "runs" / "regression")
+    assert again["global_step"] == s["global_step"] and again["attempts"] == 2
 
 
 def test_processes_that_hold_other_samples_are_refused_in_one_line(tmp_path):
