@@ -55,5 +55,6 @@ def check_resumed_task(record: Any, task) -> None:
                      for k, v in (now or {}).items() if not isinstance(record, dict) or record.get(k) != v)  # fmt: skip
     raise UserError(
         f"this resume scores the run otherwise than its checkpoint ({said or 'another task'}); its best/ and "
-        "early stopping were measured so: resume with the same task, metrics and monitor, or start a new --output-dir"
+        "early stopping were measured so: resume with the same task, metrics, monitor, loss_fn and predict_fn, or "
+        "start a new --output-dir"
     )

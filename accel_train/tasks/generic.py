@@ -315,6 +315,8 @@ class GenericTask:
             "metrics": self.scores.names(),
             "monitor": self.monitor,
             "mode": "max" if self.higher else "min",
+            "loss_fn": _named(self.loss_fn),  # eval_loss is its value: another loss scores the run otherwise
+            "predict_fn": _named(self.predict_fn),
         }
 
     def describe(self) -> str:
@@ -330,3 +332,11 @@ class GenericTask:
         info = splits.info
         classes = {"num_classes": info.num_classes, "class_names": info.class_names} if info.num_classes else {}
         return {"model": cfg.model, **classes, "dataset": cfg.dataset, **self.record()}
+
+
+def _named(fn: Callable | None) -> str | None:
+    """A function's name as a record holds it (``module.qualname``; an object's class), None when not given."""
+    if fn is None:
+        return None
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{getattr(fn, '__module__', None) or type(fn).__module__}.{name}"

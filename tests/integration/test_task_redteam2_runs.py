@@ -363,3 +363,29 @@ def test_a_model_with_tied_weights_checkpoints_and_resumes_as_a_straight_run(tmp
     fresh = _Tied()
     fresh.load_state_dict(b, strict=True)
     assert fresh.decode.weight is fresh.encode.weight
+
+
+# --------------------------------------------------------------------------- round 3: another loss on resume
+
+
+def _l1(outputs, batch):
+    return F.l1_loss(outputs.squeeze(-1), batch[-1])
+
+
+def test_a_resume_with_another_loss_fn_is_refused_and_the_same_one_resumes(tmp_path):
+    """eval_loss is the loss's value: a resume with another loss_fn would compare an L1 with the MSE best."""
+    x = rt.features(64)
+    y = x @ rt.TRUE_W
+    train, test = TensorDataset(x[:48], y[:48]), TensorDataset(x[48:], y[48:])
+
+    def go(out, **options):
+        return accel_train.train(
+            lambda: nn.Linear(4, 1), train, test, output_dir=str(out), **{**rt.BASE, "max_steps": 8, **options}
+        )
+
+    go(tmp_path / "mse", stop_at_step=4)
+    with pytest.raises(UserError) as info:
+        go(tmp_path / "mse", resume="auto", loss_fn=_l1)
+    assert "loss_fn" in str(info.value)
+    go(tmp_path / "l1", stop_at_step=4, loss_fn=_l1)
+    assert go(tmp_path / "l1", resume="auto", loss_fn=_l1)["global_step"] == 8
