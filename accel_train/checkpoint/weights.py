@@ -357,6 +357,12 @@ def load_model(
     sd, meta = read_state_dict(source)
     given = {k: v for k, v in overrides.items() if v is not None}
     config, where = _resolved_config(meta, model_name, given, sd)
+    if config.get("task") in ("classification", "regression") and "monitor" in config:  # accel_train.train's any task
+        raise UserError(
+            f"{source} holds your own model trained on your own batches ({config['task']}, not an image "
+            "classifier): these commands rebuild image classifiers only; build your model and load the weights "
+            "into it: accel_train.checkpoint.load_weights(model, path)"
+        )
     _check_rebuild(config, model_name, allow_import, where)
     kwargs = {k: int(config[k]) for k in ("num_classes", "in_channels", "image_size") if config.get(k) is not None}
     try:

@@ -189,6 +189,9 @@ TASKS_MUTANTS: tuple[Mutant, ...] = (
        f"{R2}::test_a_model_with_tied_weights_checkpoints_and_resumes_as_a_straight_run"),
     _m("loss-fn-not-recorded", RESUME, "tasks/generic.py", '"loss_fn": _named(self.loss_fn),', '"loss_fn": None,',
        f"{R2}::test_a_resume_with_another_loss_fn_is_refused_and_the_same_one_resumes"),
+    _m("generic-run-rebuilt-as-an-image-model", OWN, "checkpoint/weights.py",
+       'if config.get("task") in ("classification", "regression") and "monitor" in config:', "if False:",
+       f"{R2}::test_the_image_commands_refuse_a_generic_run_in_one_line"),
     # ---- refusals
     _m("image-options-taken-silently", OWN, "tasks/__init__.py",
        '    given = [name for name in IMAGE_ONLY if name in (getattr(cfg, "given", None) or ())]\n',

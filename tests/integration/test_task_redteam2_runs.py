@@ -389,3 +389,26 @@ def test_a_resume_with_another_loss_fn_is_refused_and_the_same_one_resumes(tmp_p
     assert "loss_fn" in str(info.value)
     go(tmp_path / "l1", stop_at_step=4, loss_fn=_l1)
     assert go(tmp_path / "l1", resume="auto", loss_fn=_l1)["global_step"] == 8
+
+
+# --------------------------------------------------------------------------- round 3: the image commands
+
+
+def test_the_image_commands_refuse_a_generic_run_in_one_line(tmp_path):
+    """accel-evaluate and accel-predict rebuild image classifiers: on a run of the generic task they died with a
+    KeyError or a shape error, or named the image models; now one line says to load the weights into your model."""
+    x = rt.features(64)
+    y = (x[:, 0] > 0).long()
+    out = tmp_path / "run"
+    accel_train.train(lambda: nn.Linear(4, 2), TensorDataset(x[:48], y[:48]), TensorDataset(x[48:], y[48:]),
+                      output_dir=str(out), **rt.BASE)  # fmt: skip
+    from accel_train.checkpoint import load_model
+
+    with pytest.raises(UserError) as info:
+        load_model(out / "model")
+    assert "load_weights" in str(info.value)
+    for command in ("accel-evaluate", "accel-predict"):
+        args = [command, "--weights", str(out / "model")] + (["x.png"] if command == "accel-predict" else [])
+        done = subprocess.run(args, capture_output=True, text=True, env=child_env(), timeout=120)
+        assert done.returncode != 0 and "load_weights" in done.stderr + done.stdout, done.stderr[-2000:]
+        assert "Traceback" not in done.stderr
