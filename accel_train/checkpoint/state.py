@@ -31,18 +31,16 @@ import shutil
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from accel_train.checkpoint.keys import strip_key
 from accel_train.checkpoint.metadata import check_progress
 from accel_train.checkpoint.safe_load import PROGRESS_FILE, RNG_FILE, safe_torch_load, verify_checkpoint
+from accel_train.checkpoint.weights import _standalone_tensors
 from accel_train.errors import CheckpointError, UserError
 from accel_train.fsio import WRITE_GUARD, tree_size, write_json_atomic, writing
 from accel_train.limits import check_regular_file
 from accel_train.run_dir import CHECKPOINT_DIR, TMP_PREFIX, RunDir, checkpoint_name, is_own_checkpoint_name
-
-if TYPE_CHECKING:
-    import torch
 
 #: A run folder: its :class:`RunDir`, or the folder's path (wrapped in one).
 Run = RunDir | str | os.PathLike
@@ -72,28 +70,16 @@ class TrainState:
         return cls(**known)
 
 
-def _own_storage(tensor: torch.Tensor, seen: set[int]) -> torch.Tensor:
-    """``tensor``, or a copy where an earlier tensor of the same state dict shares its storage."""
-    if tensor.device.type == "meta" or tensor.numel() == 0:
-        return tensor
-    ptr = tensor.untyped_storage().data_ptr()
-    if ptr in seen:
-        return tensor.clone()
-    seen.add(ptr)
-    return tensor
-
-
 def install_unwrapped_weight_hooks(accelerator) -> None:
     """Make ``save_state``/``load_state`` use unwrapped model keys on every setup."""
 
     def save_hook(models, weights, folder):
         # contiguous: safetensors refuses strided tensors, and --channels-last (the default for conv models in
         # bf16/fp16 on CUDA) leaves every 4-D weight in NHWC strides; loading copies back into the model's layout
-        # and each tensor on its own storage: safetensors refuses tied weights (a language model's embeddings and
-        # output layer); loading copies the same values into the one shared parameter twice, and the tie holds
+        # and each tensor on its own storage, as exports are: safetensors refuses tied weights (a language model's
+        # embeddings and output layer); loading copies the same values into the one shared parameter twice
         for i, sd in enumerate(weights):
-            seen: set[int] = set()
-            weights[i] = {strip_key(k): _own_storage(v.contiguous(), seen) for k, v in sd.items()}
+            weights[i] = _standalone_tensors({strip_key(k): v for k, v in sd.items()})
 
     def load_hook(models, input_dir):
         from safetensors.torch import load_file

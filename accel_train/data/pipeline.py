@@ -208,11 +208,16 @@ class WithIndices(Dataset):
         return inputs, labels, _index_tensor(indices, labels.device)
 
 
+def seed_of(key: bytes) -> int:
+    """A generator seed (63 bits) as a hash of ``key``: the same on every process and attempt."""
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & (2**63 - 1)
+
+
 @contextmanager
 def seeded_from(key: bytes):
     """torch's CPU generator, numpy's and Python's global ones seeded from ``key`` inside, put back after (CUDA's
     are left alone: reading data draws on the host)."""
-    seed = int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & (2**63 - 1)
+    seed = seed_of(key)
     py_state, np_state, torch_state = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
     torch.random.default_generator.manual_seed(seed)
     random.seed(seed)

@@ -6,7 +6,6 @@ Used by :class:`accel_train.tasks.generic.GenericTask`, which says what a run do
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from accel_train.data.pipeline import seeded_from
+from accel_train.data.pipeline import seed_of, seeded_from
 from accel_train.errors import UserError
 
 LABEL_KEYS = ("labels", "label", "target", "targets")
@@ -167,11 +166,11 @@ def own_loss(outputs: Any) -> torch.Tensor | None:
 def keyed_rng(seed: int, epoch: int, indices: torch.Tensor, device: torch.device, check: bool = True):
     """torch's generators seeded from ``(seed, epoch, indices)`` inside, restored after; yields a list that holds,
     after the block, whether the block drew from them (``check``; else it stays empty: no copies of the states)."""
-    key = hashlib.sha256(f"{seed}:{epoch}:".encode() + indices.detach().cpu().numpy().tobytes()).digest()
+    key = f"{seed}:{epoch}:".encode() + indices.detach().cpu().numpy().tobytes()
     devices = [device] if device.type == "cuda" else []
     drew: list[bool] = []
     with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(int.from_bytes(key[:8], "little") & (2**63 - 1))
+        torch.manual_seed(seed_of(key))
         seeded = _states(devices) if check else None
         try:
             yield drew

@@ -39,12 +39,12 @@ MUTANTS: tuple[Mutant, ...] = (
     # matters where accelerate's save_state sees a wrapper: DataParallel (rt.prepare_model wraps before accelerate)
     # and a model the caller compiled (accel_train.train(torch.compile(m))); under DDP it saves the inner module
     _m("checkpoint-keeps-wrapper-prefix", "unwrapping and export", "checkpoint/state.py",
-       "weights[i] = {strip_key(k): _own_storage(v.contiguous(), seen) for k, v in sd.items()}",
-       "weights[i] = {k: _own_storage(v.contiguous(), seen) for k, v in sd.items()}",
+       "weights[i] = _standalone_tensors({strip_key(k): v for k, v in sd.items()})",
+       "weights[i] = _standalone_tensors({k: v for k, v in sd.items()})",
        "tests/integration/test_promises_runs.py::test_a_caller_compiled_model_checkpoints_without_prefix_and_resumes"),
     _m("checkpoint-keeps-channels-last-strides", "resume state", "checkpoint/state.py",
-       "weights[i] = {strip_key(k): _own_storage(v.contiguous(), seen) for k, v in sd.items()}",
-       "weights[i] = {strip_key(k): _own_storage(v, seen) for k, v in sd.items()}",
+       "weights[i] = _standalone_tensors({strip_key(k): v for k, v in sd.items()})",
+       "weights[i] = {strip_key(k): v for k, v in sd.items()}",
        "tests/integration/test_resume.py::test_channels_last_run_checkpoints_and_resumes_bitwise"),
     _m("strip-key-strips-one-prefix", "unwrapping and export", "checkpoint/keys.py",
        "    while key.startswith(WRAPPER_PREFIXES):", "    if key.startswith(WRAPPER_PREFIXES):",

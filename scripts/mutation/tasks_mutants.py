@@ -184,8 +184,8 @@ TASKS_MUTANTS: tuple[Mutant, ...] = (
     _m("reads-that-differ-unnoticed", TRUST, "tasks/data.py", "    if _reads_differ(data, min(n, 4)):",
        "    if False:", f"{R2}::test_a_dataset_drawing_from_its_own_generator_gets_a_note_and_resumes"),
     # ---- the red-team's third round (issue 51)
-    _m("tied-weights-saved-shared", RESUME, "checkpoint/state.py",
-       "_own_storage(v.contiguous(), seen) for k, v in sd.items()}", "v.contiguous() for k, v in sd.items()}",
+    _m("tied-weights-saved-shared", RESUME, "checkpoint/weights.py",
+       "            t = t.clone()  # tied weights\n", "            pass  # tied weights\n",
        f"{R2}::test_a_model_with_tied_weights_checkpoints_and_resumes_as_a_straight_run"),
     _m("loss-fn-not-recorded", RESUME, "tasks/generic.py", '"loss_fn": _named(self.loss_fn),', '"loss_fn": None,',
        f"{R2}::test_a_resume_with_another_loss_fn_is_refused_and_the_same_one_resumes"),
